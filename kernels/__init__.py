@@ -1,0 +1,1 @@
+"""CUDA sources of the runtime (shipped as package data: runtime.kernels)."""

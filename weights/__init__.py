@@ -1,0 +1,1 @@
+"""Shipped model files (package data: runtime.models)."""
