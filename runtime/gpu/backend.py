@@ -1,0 +1,182 @@
+"""The backend seam: every piece of device work (allocate, copy, compile, launch, streams, events,
+graphs) goes through this small interface. CuPy is the first implementation; a pycuda one can be
+added without touching the executor or the pipeline.
+
+Only raw driver/runtime services are used: no CuPy array operators, no cuBLAS, so anything
+enqueued through a Backend can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import BackendUnavailable, KernelCompileError
+
+BACKENDS = ("cupy",)
+
+
+class DeviceBuffer:
+    """One raw device allocation; `ptr` is its address."""
+
+    def __init__(self, mem: Any, ptr: int, nbytes: int) -> None:
+        self._mem, self.ptr, self.nbytes = mem, int(ptr), int(nbytes)
+
+    def free(self) -> None:
+        self._mem = None   # the owning object releases the memory when dropped
+        self.ptr = 0
+
+
+class CupyFunction:
+    def __init__(self, kern: Any, symbol: str) -> None:
+        self._kern, self.symbol = kern, symbol
+
+    def set_max_dynamic_shared(self, nbytes: int) -> None:
+        self._kern.max_dynamic_shared_size_bytes = int(nbytes)
+
+    def launch(self, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple[Any, ...],
+               shared_mem: int = 0, stream: Any = None) -> None:
+        self._kern(grid, block, args, shared_mem=shared_mem, stream=stream)
+
+
+class CupyModule:
+    def __init__(self, cp: Any, source: str, name: str, options: Tuple[str, ...]) -> None:
+        self._cp, self.name, self.options = cp, name, options
+        self._mod = cp.RawModule(code=source, options=options)
+        self._funcs: Dict[str, CupyFunction] = {}
+
+    def get(self, symbol: str) -> CupyFunction:
+        if symbol not in self._funcs:
+            try:   # RawModule compiles lazily, on the first get_function
+                kern = self._mod.get_function(symbol)
+            except self._cp.cuda.compiler.CompileException as e:
+                raise KernelCompileError(self.name, self.options, e.get_message()) from None
+            self._funcs[symbol] = CupyFunction(kern, symbol)
+        return self._funcs[symbol]
+
+
+class CupyBackend:
+    name = "cupy"
+
+    def __init__(self, device: int = 0) -> None:
+        try:
+            import cupy
+            import cupyx
+        except Exception as e:  # ImportError, or a broken CUDA install raising at import
+            raise BackendUnavailable(f"CuPy is not usable ({type(e).__name__}: {e}); "
+                                     "install the extra that matches your CUDA, e.g. .[cuda12]") from None
+        try:   # is_available() raises on CuPy 13.6 instead of returning False
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:
+            raise BackendUnavailable(f"no usable CUDA GPU ({type(e).__name__}: {e})") from None
+        if count < 1:
+            raise BackendUnavailable("no CUDA GPU found")
+        self.cp, self.cpx, self.rt = cupy, cupyx, cupy.cuda.runtime
+        self.device = cupy.cuda.Device(device)
+        self.device.use()
+
+    # -- facts --------------------------------------------------------------------------
+    def device_name(self) -> str:
+        name = self.rt.getDeviceProperties(self.device.id)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def arch(self) -> int:
+        return int(self.device.compute_capability)
+
+    def mem_info(self) -> Tuple[int, int]:
+        free, total = self.rt.memGetInfo()
+        return int(free), int(total)
+
+    # -- memory -------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        mem = self.cp.cuda.Memory(max(int(nbytes), 1))   # a plain cudaMalloc, not the pool
+        return DeviceBuffer(mem, mem.ptr, nbytes)
+
+    def pinned(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        return self.cpx.empty_pinned(tuple(shape), dtype=dtype)
+
+    def h2d(self, dst_ptr: int, host: np.ndarray, stream: Any) -> None:
+        """Asynchronous when `host` is pinned; a pageable source makes it synchronous."""
+        assert host.flags.c_contiguous
+        self.rt.memcpyAsync(int(dst_ptr), host.ctypes.data, host.nbytes,
+                            self.rt.memcpyHostToDevice, stream.ptr)
+
+    def d2h(self, host: np.ndarray, src_ptr: int, stream: Any) -> None:
+        assert host.flags.c_contiguous
+        self.rt.memcpyAsync(host.ctypes.data, int(src_ptr), host.nbytes,
+                            self.rt.memcpyDeviceToHost, stream.ptr)
+
+    def d2d(self, dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
+        self.rt.memcpyAsync(int(dst_ptr), int(src_ptr), int(nbytes), self.rt.memcpyDeviceToDevice, stream.ptr)
+
+    def memset(self, ptr: int, byte: int, nbytes: int, stream: Any) -> None:
+        self.rt.memsetAsync(int(ptr), int(byte), int(nbytes), stream.ptr)
+
+    # -- streams, events, graphs -----------------------------------------------------------
+    def stream(self) -> Any:
+        return self.cp.cuda.Stream(non_blocking=True)
+
+    def event(self, timing: bool = True) -> "CupyEvent":
+        return CupyEvent(self.cp, timing)
+
+    def wait(self, stream: Any, event: "CupyEvent") -> None:
+        stream.wait_event(event.raw)
+
+    def host_func(self, stream: Any, fn: Callable[[Any], None], arg: Any = None) -> None:
+        stream.launch_host_func(fn, arg)
+
+    def synchronize(self) -> None:
+        self.device.synchronize()
+
+    def capture_begin(self, stream: Any) -> None:
+        stream.begin_capture()
+
+    def capture_end(self, stream: Any) -> Any:
+        return stream.end_capture()   # a cupy.cuda.graph.Graph: .launch(stream)
+
+    # -- kernels --------------------------------------------------------------------------
+    def compile(self, source: str, source_name: str, options: Tuple[str, ...],
+                symbols: Sequence[str] = ()) -> CupyModule:
+        mod = CupyModule(self.cp, source, source_name, tuple(options))
+        for s in symbols:   # compile and load now, never during a capture
+            mod.get(s)
+        return mod
+
+
+class CupyEvent:
+    def __init__(self, cp: Any, timing: bool) -> None:
+        self._cp = cp
+        self.raw = cp.cuda.Event(disable_timing=not timing)
+
+    def record(self, stream: Any) -> None:
+        self.raw.record(stream)
+
+    def synchronize(self) -> None:
+        self.raw.synchronize()
+
+    def done(self) -> bool:
+        return bool(self.raw.done)
+
+    def elapsed_ms(self, later: "CupyEvent") -> float:
+        return float(self._cp.cuda.get_elapsed_time(self.raw, later.raw))
+
+
+_CACHE: Dict[str, Any] = {}
+
+
+def get_backend(name: str = "cupy") -> Any:
+    """The process-wide backend of that name (raises BackendUnavailable with one clear line)."""
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"unknown GPU backend {name!r} (choose from {', '.join(BACKENDS)})")
+    if name not in _CACHE:
+        _CACHE[name] = CupyBackend()
+    return _CACHE[name]
+
+
+def gpu_available(name: str = "cupy") -> Optional[str]:
+    """None when the backend is usable, else the one-line reason."""
+    try:
+        get_backend(name)
+        return None
+    except BackendUnavailable as e:
+        return str(e)
