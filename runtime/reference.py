@@ -10,7 +10,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
-from scipy.special import erf
+from scipy.special import erf, expit
 
 from . import plan as P
 from .plan import Op, Plan, build_plan
@@ -109,7 +109,7 @@ def run_gate(op: Op, env: Env, p: Mapping[str, np.ndarray]) -> np.ndarray:
     a = conv2d(x, p[op.prefix + ".gate_conv.weight"], p[op.prefix + ".gate_conv.bias"])
     a = a + conv2d(skip, p[op.prefix + ".residual_conv.weight"], p[op.prefix + ".residual_conv.bias"])
     psi = conv2d(np.maximum(a, 0), p[op.prefix + ".psi.weight"], p[op.prefix + ".psi.bias"])
-    return skip / (1.0 + np.exp(-psi))          # sigmoid(psi) * skip, psi broadcast over channels
+    return skip * expit(psi)                    # sigmoid(psi) * skip, psi broadcast over channels
 
 
 def run_time_op(op: Op, env: Env, p: Mapping[str, np.ndarray], dim: int) -> np.ndarray:

@@ -1,0 +1,117 @@
+"""What an application embeds: load a model once, sample many times.
+
+    from runtime.pipeline import Pipeline
+    with Pipeline("weights/seed-unet-emoji64.npz", backend="auto") as pipe:
+        images = pipe.sample(batch=4, seed=1)          # (4, 64, 64, 3) uint8
+
+`sample` calls on one Pipeline from several threads are serialized by a lock (each call runs to
+completion in turn; results never mix). A callback `cb(step, n_steps)` sees progress and may raise
+`runtime.errors.Cancelled` to stop within one step.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from .errors import BackendUnavailable, UsageError
+from .schedule import make_steps, sample_loop, to_uint8
+from .weights import Weights, load_weights
+
+BACKEND_CHOICES = ("auto", "numpy", "cupy")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp64")
+NUMPY_PRECISIONS = {"fp32": np.float32, "fp64": np.float64}
+GPU_PRECISIONS = ("fp32", "fp16", "bf16")
+DEFAULT_MODEL = "seed-unet-emoji64.npz"
+
+Callback = Callable[[int, int], None]
+
+
+def default_weights_path() -> Path:
+    """The shipped model (package data `runtime.models`, i.e. the repo's weights/ folder)."""
+    from . import models_dir
+    return models_dir() / DEFAULT_MODEL
+
+
+def _stderr_notice(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+class Pipeline:
+    def __init__(self, weights: Union[str, Path, Weights, None] = None, backend: str = "auto",
+                 precision: str = "auto", notice: Callable[[str], None] = _stderr_notice) -> None:
+        if backend not in BACKEND_CHOICES:
+            raise UsageError(f"unknown backend {backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
+        if precision not in PRECISIONS:
+            raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
+        if backend == "numpy" and precision in ("fp16", "bf16"):
+            raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
+        if backend == "cupy" and precision == "fp64":
+            raise UsageError("the GPU backend computes in fp32, fp16 or bf16, not fp64")
+        self.weights = weights if isinstance(weights, Weights) else load_weights(weights or default_weights_path())
+        self.config = self.weights.config
+        self._lock = threading.Lock()
+        self._engine: Any = None
+        self.backend, self.precision = self._open_engine(backend, precision, notice)
+
+    def _open_engine(self, backend: str, precision: str, notice: Callable[[str], None]):
+        if backend in ("auto", "cupy") and precision != "fp64":
+            gpu_precision = "fp16" if precision == "auto" else precision
+            try:
+                from .gpu.executor import GpuExecutor  # noqa: WPS433 (optional, needs CuPy)
+                from .gpu.backend import get_backend
+                get_backend("cupy")
+                self._gpu_cls, self._gpu_precision = GpuExecutor, gpu_precision
+                return "cupy", gpu_precision
+            except (BackendUnavailable, ImportError) as e:
+                if backend == "cupy":
+                    raise BackendUnavailable(str(e)) from None
+                notice(f"note: no usable GPU ({e}); using the NumPy reference backend")
+        if precision in ("fp16", "bf16"):
+            raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
+        from .reference import Reference
+        np_precision = "fp32" if precision == "auto" else precision
+        self._engine = Reference(self.weights, NUMPY_PRECISIONS[np_precision])
+        return "numpy", np_precision
+
+    def _eps_fn(self, batch: int):
+        if self.backend == "numpy":
+            return self._engine.eps
+        if self._engine is None or self._engine.batch != batch:
+            if self._engine is not None:
+                self._engine.close()
+            self._engine = self._gpu_cls(self.weights, precision=self._gpu_precision, batch=batch)
+        return self._engine.eps
+
+    def sample(self, batch: int = 1, steps: Optional[int] = None, sampler: str = "ddpm", eta: float = 0.0,
+               seed: int = 0, callback: Optional[Callback] = None) -> np.ndarray:
+        """Generate `batch` images; returns uint8 (B, H, W, C)."""
+        if batch < 1:
+            raise UsageError(f"batch must be >= 1, got {batch}")
+        plan = make_steps(self.config.schedule, sampler, steps, eta)
+        c = self.config
+        shape = (batch, c.channels, c.image_size, c.image_size)
+        with self._lock:
+            if self._closed:
+                raise UsageError("this Pipeline is closed")
+            x0 = sample_loop(self._eps_fn(batch), shape, plan, seed, callback)
+        return to_uint8(x0)
+
+    _closed = False
+
+    def close(self) -> None:
+        """Free what the pipeline holds on the GPU; safe to call twice."""
+        with self._lock:
+            if self._engine is not None and hasattr(self._engine, "close"):
+                self._engine.close()
+            self._engine = None
+            self._closed = True
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

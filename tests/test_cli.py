@@ -1,0 +1,126 @@
+"""jetson-sample / jetson-weights end to end on a tiny random model (CPU, NumPy backend)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from runtime import cli
+from runtime.config import Schedule, UNetConfig
+from runtime.errors import Cancelled
+from runtime.pipeline import Pipeline
+from runtime.weights import random_params, save_weights
+
+TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32, schedule=Schedule(timesteps=10, beta_end=0.005))
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    path = tmp_path_factory.mktemp("w") / "tiny.npz"
+    save_weights(path, TINY, random_params(TINY, seed=3))
+    return str(path)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def test_sample_writes_png_grid_and_each(tiny_weights, tmp_path):
+    out, each = tmp_path / "grid.png", tmp_path / "each"
+    each.mkdir()
+    rc = cli.main(["--weights", tiny_weights, "--out", str(out), "--batch", "3", "--backend", "numpy",
+                   "--save-each", str(each), "--quiet"])
+    assert rc == 0
+    grid = np.asarray(Image.open(out))
+    assert grid.shape == (2 * 18 + 2, 2 * 18 + 2, 3), "2x2 grid of 16 px images with 2 px padding"
+    files = sorted(p.name for p in each.iterdir())
+    assert files == ["000.png", "001.png", "002.png"]
+    first = np.asarray(Image.open(each / "000.png"))
+    np.testing.assert_array_equal(grid[2:18, 2:18], first)
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"], "no temporary file left behind"
+
+
+def test_same_seed_same_images_and_other_seed_differs(tiny_weights):
+    with Pipeline(tiny_weights, backend="numpy") as pipe:
+        a = pipe.sample(batch=2, seed=7)
+        b = pipe.sample(batch=2, seed=7)
+        c = pipe.sample(batch=2, seed=8)
+    assert a.shape == (2, 16, 16, 3) and a.dtype == np.uint8
+    np.testing.assert_array_equal(a, b)
+    assert (a != c).any()
+
+
+def test_ddim_and_callback_cancel(tiny_weights):
+    seen = []
+
+    def cb(i, n):
+        seen.append((i, n))
+        if i == 2:
+            raise Cancelled("stop at step 2")
+
+    with Pipeline(tiny_weights, backend="numpy") as pipe:
+        img = pipe.sample(batch=1, steps=4, sampler="ddim", seed=1)
+        assert img.shape == (1, 16, 16, 3)
+        with pytest.raises(Cancelled):
+            pipe.sample(batch=1, seed=1, callback=cb)
+    assert seen == [(0, 10), (1, 10), (2, 10)]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--batch", "0"], "--batch must be >= 1"),
+    (["--out", "x.jpg"], "must end in .png"),
+    (["--out", "/nonexistent-dir/x.png"], "does not exist"),
+    (["--sampler", "euler"], "invalid choice"),
+    (["--steps", "5"], "DDPM runs all 10 steps"),
+    (["--sampler", "ddim", "--steps", "99"], "DDIM steps must be in 1..10"),
+    (["--backend", "numpy", "--precision", "fp16"], "numpy backend computes in fp32 or fp64"),
+])
+def test_usage_errors_exit_2_one_line(tiny_weights, tmp_path, args, needle):
+    base = ["--weights", tiny_weights, "--out", str(tmp_path / "o.png"), "--quiet"]
+    r = run_cli(*base, *args)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "o.png").exists()
+
+
+def test_bad_weights_file_exit_2_names_file(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip at all")
+    r = run_cli("--weights", str(bad), "--out", str(tmp_path / "o.png"))
+    assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o.png").exists()
+
+
+def test_help_shows_every_default():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for flag in ("--weights", "--out", "--batch", "--steps", "--sampler", "--eta", "--seed", "--backend", "--precision"):
+        assert flag in r.stdout
+    assert r.stdout.count("(default:") >= 10
+
+
+def test_weights_cli_random_and_info(tmp_path):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(TINY.to_dict()))
+    out = tmp_path / "r.npz"
+    assert cli.weights_cli(["random", str(out), "--config", str(cfg), "--seed", "2", "--dtype", "float16"]) == 0
+    r = subprocess.run([sys.executable, "-c", "from runtime.cli import weights_cli; import sys; "
+                        f"sys.exit(weights_cli(['info', {str(out)!r}]))"], capture_output=True, text=True)
+    assert r.returncode == 0 and "float16" in r.stdout and "sha256:" in r.stdout
+
+
+def test_auto_backend_falls_back_with_notice(tiny_weights):
+    notes = []
+    with Pipeline(tiny_weights, backend="auto", notice=notes.append) as pipe:
+        if pipe.backend != "numpy":
+            pytest.skip("a GPU is usable here: no fallback to observe")
+        assert pipe.precision == "fp32"
+    assert len(notes) == 1 and "NumPy reference backend" in notes[0]
