@@ -1,0 +1,366 @@
+// conv.cu: implicit-GEMM convolution over NHWC activations, and the attention gate.
+//
+// Computes (runtime.plan "conv"): out = act(conv_k(pre(x)) + bias + tbias[b, n]) + residual_term
+//   GEMM per sample b = blockIdx.z: M = Hout*Wout pixels, N = Cout, K = two segments
+//   segment 0: KH*KH*Cin, ordered (ky, kx, c) so an A row's loads are channel-contiguous;
+//              the tap reads x[(oy*ST + ky - PAD) / UP, (ox*ST + kx - PAD) / UP, c] with bounds on
+//              the (upsampled) grid: UP = 2 is `up2`, ST = 2 with a 2x2 "tap" is pixel_unshuffle2
+//              (the weights are reordered to (dy, dx, c) at upload so the loads stay contiguous).
+//              pre(x) = GroupNorm(1) affine of x from the producer's partial statistics; padded
+//              taps stay 0 in the normalized domain.
+//   segment 1: Cr channels of `xr` at the output pixel: a 1x1 `residual_conv` fused as extra K
+//              columns of the same GEMM (its bias is pre-summed into `bias`), so a block's conv2 is
+//              one launch; for the gate it is residual_conv(skip).
+// Epilogue: bias, time bias (fp32 table row t_idx[b]), exact GELU, identity residual, store in the
+//   activation dtype at pixel stride ldo (a view into a concat buffer), and optionally GroupNorm
+//   partials of the stored tensor for the next conv's norm (one StatPartial per CTA).
+// GATE epilogue (BN >= N, one CTA row): s = psi . relu(acc + bias); out = sigmoid(s + psi_b) * skip.
+//
+// Launch: grid (ceil(M/BM), ceil(N/BN), B), block 32*WM*WN, dynamic smem 8*Cin bytes when
+//   normalized. Weights: 16-bit: [Npad][ldw] (k contiguous); fp32: [Kpad][ldw = Npad].
+// Compute: fp16/bf16 mma.sync.m16n8k16 (fp32 accumulate) from ldmatrix fragments, BK = 32;
+//   fp32 FFMA with a TMxTN register tile per thread, BK = 16. Register-staged double buffering.
+// Reference: runtime.reference.run_conv / run_gate.
+#include "common.cuh"
+
+extern __shared__ __align__(16) float dyn_smem[];
+
+#define CONV_PARAMS                                                                          \
+    const void *x_, int Hin, int Win, int Cin, int ldx, const void *xr_, int Cr, int ldr,     \
+    const void *w_, int ldw, int nk0, int nk1, const float *bias, const float *tbias,         \
+    int tb_stride, const int *t_idx, const float *gn_w, const float *gn_b,                    \
+    const float4 *gn_part, int gn_P, float gn_eps, const void *res_, int ldres, void *out_,   \
+    int Hout, int Wout, int N, int ldo, float4 *st_part, int act, const float *psi_w,         \
+    float psi_b
+#define CONV_ARGS                                                                            \
+    x_, Hin, Win, Cin, ldx, xr_, Cr, ldr, w_, ldw, nk0, nk1, bias, tbias, tb_stride, t_idx,   \
+    gn_w, gn_b, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act,   \
+    psi_w, psi_b
+
+template <class D, int BM, int BN, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE>
+__device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
+    typedef typename D::S S;
+    constexpr bool TC = D::TC;
+    constexpr int NT = 32 * WM * WN;
+    constexpr int BK = TC ? 32 : 16;
+    constexpr int PAD = ST == 1 ? KH / 2 : 0;
+    // smem tiles. TC: As[BM][BK+8], Bs[BN][BK+8] (k contiguous; +8 halves = conflict-free ldmatrix)
+    //             FFMA: As[BK][BM+4], Bs[BK][BN+4] (m / n contiguous for broadcast + float4 reads)
+    constexpr int LDA = TC ? BK + 8 : BM + 4;
+    constexpr int LDB = TC ? BK + 8 : BN + 4;
+    constexpr int A_SZ = TC ? BM * LDA : BK * LDA;
+    constexpr int B_SZ = TC ? BN * LDB : BK * LDB;
+    __shared__ __align__(16) S As[2][A_SZ];
+    __shared__ __align__(16) S Bs[2][B_SZ];
+    __shared__ float red[33];
+    __shared__ float mean_rstd[2];
+
+    const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_, *res = (const S *)res_;
+    S *out = (S *)out_;
+    const int tid = threadIdx.x, b = blockIdx.z;
+    const int M = Hout * Wout, m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const bool norm = gn_part != nullptr;
+    float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
+
+    // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
+    if (norm) {
+        gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd);
+        __syncthreads();
+        const float mean = mean_rstd[0], rstd = mean_rstd[1];
+        for (int c = tid; c < Cin; c += NT) {
+            const float s = gn_w[c] * rstd;
+            gn_scale[c] = s;
+            gn_shift[c] = gn_b[c] - mean * s;
+        }
+        __syncthreads();
+    }
+
+    // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
+    constexpr int KV = BK / VEC, RPP = NT / KV, AP = (BM + RPP - 1) / RPP;
+    static_assert(NT % KV == 0 && (BM % RPP == 0 || AP == 1) && AP <= 32, "A tile split");
+    const int kv = tid % KV, r0 = tid / KV;
+    const bool a_row_ok = r0 < BM;   // false only for the spare threads of a short tile (AP == 1)
+    int oy[AP], ox[AP];
+#pragma unroll
+    for (int i = 0; i < AP; ++i) {
+        const int m = a_row_ok ? m0 + r0 + i * RPP : M;
+        oy[i] = m < M ? m / Wout : -(1 << 20);   // an invalid row fails every bounds test below
+        ox[i] = m < M ? m - (m / Wout) * Wout : 0;
+    }
+    Vec<S, VEC> areg[AP];
+    u32 amask = 0;   // rows whose vector is real data (normalized at store time)
+    int a_c = -1;    // channel of this thread's vectors in segment 0, -1 in segment 1
+
+    auto load_a = [&](int kt) {
+        amask = 0;
+        if (kt < nk0) {
+            const int k = kt * BK + kv * VEC;
+            const int tap = k / Cin, c = k - tap * Cin;
+            const int ky = tap / KH, kx = tap - (tap / KH) * KH;
+            const bool kok = tap < KH * KH;
+            a_c = c;
+#pragma unroll
+            for (int i = 0; i < AP; ++i) {
+                const int vy = oy[i] * ST + ky - PAD, vx = ox[i] * ST + kx - PAD;
+                const bool ok = kok && vy >= 0 && vy < Hin * UP && vx >= 0 && vx < Win * UP;
+                if (ok) {
+                    const int iy = UP == 2 ? (vy >> 1) : vy, ix = UP == 2 ? (vx >> 1) : vx;
+                    areg[i] = vload<S, VEC>(x + ((size_t)(b * Hin + iy) * Win + ix) * ldx + c);
+                    amask |= 1u << i;
+                } else {
+                    areg[i] = vzero<S, VEC>();
+                }
+            }
+        } else {
+            const int c = (kt - nk0) * BK + kv * VEC;
+            a_c = -1;
+#pragma unroll
+            for (int i = 0; i < AP; ++i) {
+                const int m = m0 + r0 + i * RPP;
+                areg[i] = (a_row_ok && m < M && c < Cr) ? vload<S, VEC>(xr + ((size_t)b * M + m) * ldr + c)
+                                            : vzero<S, VEC>();
+            }
+        }
+    };
+
+    auto store_a = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < AP; ++i) {
+            Vec<S, VEC> v = areg[i];
+            if (norm && a_c >= 0 && ((amask >> i) & 1u)) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                    v.v[j] = D::from_f(D::to_f(v.v[j]) * gn_scale[a_c + j] + gn_shift[a_c + j]);
+            }
+            const int row = r0 + i * RPP;
+            if (!a_row_ok) break;
+            if constexpr (TC) {
+                vstore<S, VEC>(&As[buf][row * LDA + kv * VEC], v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) As[buf][(kv * VEC + j) * LDA + row] = v.v[j];
+            }
+        }
+    };
+
+    // ---- B (weights) loader: padded on upload, so never out of bounds; 16-byte vectors ---------
+    constexpr int VB = 16 / (int)sizeof(S);
+    constexpr int BVEC = BN * BK / VB, BP = BVEC / NT;
+    static_assert(BVEC % NT == 0, "B tile split");
+    Vec<S, VB> breg[BP];
+    auto load_b = [&](int kt) {
+#pragma unroll
+        for (int i = 0; i < BP; ++i) {
+            const int v = tid + i * NT;
+            if constexpr (TC) {   // row n, k offset
+                const int n = v / (BK / VB), kk = (v % (BK / VB)) * VB;
+                breg[i] = vload<S, VB>(wt + (size_t)(n0 + n) * ldw + kt * BK + kk);
+            } else {              // row k, n offset
+                const int kk = v / (BN / VB), n = (v % (BN / VB)) * VB;
+                breg[i] = vload<S, VB>(wt + (size_t)(kt * BK + kk) * ldw + n0 + n);
+            }
+        }
+    };
+    auto store_b = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < BP; ++i) {
+            const int v = tid + i * NT;
+            if constexpr (TC) {
+                const int n = v / (BK / VB), kk = (v % (BK / VB)) * VB;
+                vstore<S, VB>(&Bs[buf][n * LDB + kk], breg[i]);
+            } else {
+                const int kk = v / (BN / VB), n = (v % (BN / VB)) * VB;
+                vstore<S, VB>(&Bs[buf][kk * LDB + n], breg[i]);
+            }
+        }
+    };
+
+    // ---- compute ------------------------------------------------------------------------------
+    const int lane = tid & 31, warp = tid >> 5;
+    constexpr int WTM = BM / WM, WTN = BN / WN, MF = TC ? WTM / 16 : 1, NF = TC ? WTN / 8 : 1;
+    constexpr int TXN = NT / 16, TM = TC ? 1 : BM / 16, TN = TC ? 1 : BN / TXN;
+    static_assert(!TC || (WTM % 16 == 0 && WTN % 16 == 0), "warp tile");
+    static_assert(TC || (BM % 16 == 0 && TN % 4 == 0), "thread tile");
+    const int wm = warp / WN, wn = warp % WN;   // TC warp position
+    const int tx = tid % TXN, ty = tid / TXN;   // FFMA thread position
+    float acc[TC ? MF : TM][TC ? NF : TN][TC ? 4 : 1];
+#pragma unroll
+    for (int i = 0; i < (TC ? MF : TM); ++i)
+#pragma unroll
+        for (int j = 0; j < (TC ? NF : TN); ++j)
+#pragma unroll
+            for (int q = 0; q < (TC ? 4 : 1); ++q) acc[i][j][q] = 0.0f;
+
+    auto compute = [&](int buf) {
+        const S *A = As[buf], *B = Bs[buf];
+        if constexpr (TC) {
+#pragma unroll
+            for (int ks = 0; ks < BK; ks += 16) {
+                u32 af[MF][4], bf[NF][2];
+#pragma unroll
+                for (int mf = 0; mf < MF; ++mf)
+                    ldmatrix_x4(af[mf], &A[(wm * WTM + mf * 16 + (lane & 15)) * LDA + ks + (lane >> 4) * 8]);
+#pragma unroll
+                for (int np = 0; np < NF / 2; ++np) {
+                    u32 r[4];
+                    ldmatrix_x4(r, &B[(wn * WTN + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDB + ks +
+                                      ((lane >> 3) & 1) * 8]);
+                    bf[2 * np][0] = r[0]; bf[2 * np][1] = r[1];
+                    bf[2 * np + 1][0] = r[2]; bf[2 * np + 1][1] = r[3];
+                }
+#pragma unroll
+                for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+                    for (int nf = 0; nf < NF; ++nf) D::mma(acc[mf][nf], af[mf], bf[nf]);
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < BK; ++k) {
+                float a[TM], bb[TN];
+#pragma unroll
+                for (int i = 0; i < TM; ++i) a[i] = D::to_f(A[k * LDA + ty + 16 * i]);
+#pragma unroll
+                for (int j = 0; j < TN; j += 4) {
+                    const float4 q = *reinterpret_cast<const float4 *>(&B[k * LDB + tx * TN + j]);
+                    bb[j] = q.x; bb[j + 1] = q.y; bb[j + 2] = q.z; bb[j + 3] = q.w;
+                }
+#pragma unroll
+                for (int i = 0; i < TM; ++i)
+#pragma unroll
+                    for (int j = 0; j < TN; ++j) acc[i][j][0] = fmaf(a[i], bb[j], acc[i][j][0]);
+            }
+        }
+    };
+
+    const int nk = nk0 + nk1;
+    load_a(0); load_b(0); store_a(0); store_b(0);
+    __syncthreads();
+    for (int kt = 0; kt < nk; ++kt) {
+        const int cur = kt & 1;
+        if (kt + 1 < nk) { load_a(kt + 1); load_b(kt + 1); }   // in flight during the MMAs
+        compute(cur);
+        if (kt + 1 < nk) { store_a(cur ^ 1); store_b(cur ^ 1); }
+        __syncthreads();   // one barrier: the other buffer was last read before the previous one
+    }
+
+    // ---- epilogue: each thread owns NPAIR pairs of adjacent columns; pair p -> (row slot ri, tile
+    // row r, tile col c) and a pointer to its two accumulators (constant indices once unrolled).
+    constexpr int NPAIR = TC ? MF * NF * 2 : TM * (TN / 2);
+    auto pair_at = [&](int p, int &ri, int &r, int &c) -> float * {
+        if constexpr (TC) {
+            const int mf = p / (NF * 2), nf = (p / 2) % NF, h = p & 1;
+            ri = mf * 2 + h;
+            r = wm * WTM + mf * 16 + (lane >> 2) + 8 * h;
+            c = wn * WTN + nf * 8 + (lane & 3) * 2;
+            return &acc[mf][nf][2 * h];
+        } else {
+            const int i = p / (TN / 2), j = (p % (TN / 2)) * 2;
+            ri = i;
+            r = ty + 16 * i;
+            c = tx * TN + j;
+            return &acc[i][j][0];   // acc[i][j+1][0] is the next float: the last extent is 1
+        }
+    };
+
+    if constexpr (GATE) {
+        constexpr int SLOTS = TC ? WN : TXN;
+        __shared__ float gred[SLOTS * BM];
+        __shared__ float gsig[BM];
+        float rsum[TC ? MF * 2 : TM];
+#pragma unroll
+        for (int i = 0; i < (TC ? MF * 2 : TM); ++i) rsum[i] = 0.0f;
+#pragma unroll
+        for (int p = 0; p < NPAIR; ++p) {   // padded columns have psi 0
+            int ri, r, c;
+            const float *v = pair_at(p, ri, r, c);
+            const int n = n0 + c;
+            rsum[ri] += fmaxf(v[0] + bias[n], 0.0f) * psi_w[n] + fmaxf(v[1] + bias[n + 1], 0.0f) * psi_w[n + 1];
+        }
+#pragma unroll
+        for (int i = 0; i < (TC ? MF * 2 : TM); ++i) {
+            float s = rsum[i];
+            if constexpr (TC) {
+                s += __shfl_xor_sync(0xffffffffu, s, 1);
+                s += __shfl_xor_sync(0xffffffffu, s, 2);
+                if ((lane & 3) == 0) gred[wn * BM + wm * WTM + (i >> 1) * 16 + (lane >> 2) + 8 * (i & 1)] = s;
+            } else {
+                gred[tx * BM + ty + 16 * i] = s;
+            }
+        }
+        __syncthreads();
+        for (int r = tid; r < BM; r += NT) {
+            float s = psi_b;
+            for (int q = 0; q < SLOTS; ++q) s += gred[q * BM + r];
+            gsig[r] = 1.0f / (1.0f + expf(-s));
+        }
+        __syncthreads();
+        const int cv = Cr / VEC;
+        for (int i = tid; i < BM * cv; i += NT) {
+            const int r = i / cv, c = (i - r * cv) * VEC, m = m0 + r;
+            if (m >= M) continue;
+            Vec<S, VEC> v = vload<S, VEC>(xr + ((size_t)b * M + m) * ldr + c);
+            const float g = gsig[r];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v.v[j] = D::from_f(D::to_f(v.v[j]) * g);
+            vstore<S, VEC>(out + ((size_t)b * M + m) * ldo + c, v);
+        }
+        return;
+    } else {
+        const int tb_row = tbias ? t_idx[b] * tb_stride : 0;
+        float lsum = 0.0f;
+#pragma unroll
+        for (int p = 0; p < NPAIR; ++p) {
+            int ri, r, c;
+            float *v = pair_at(p, ri, r, c);
+            float v0 = v[0], v1 = v[1];
+            const int m = m0 + r, n = n0 + c;
+            const bool ok0 = m < M && n < N, ok1 = m < M && n + 1 < N;
+            v0 += bias[n];
+            v1 += bias[n + 1];                                   // bias is padded to Npad
+            if (tbias) {
+                if (ok0) v0 += tbias[tb_row + n];
+                if (ok1) v1 += tbias[tb_row + n + 1];
+            }
+            if (act == 1) { v0 = gelu_f(v0); v1 = gelu_f(v1); }
+            const size_t pix = (size_t)b * M + m;
+            if (res) {
+                if (ok0) v0 += D::to_f(res[pix * ldres + n]);
+                if (ok1) v1 += D::to_f(res[pix * ldres + n + 1]);
+            }
+            if (VEC > 1 && ok1) {   // VEC > 1: N, ldo and the view offset are even (checked on the host)
+                Vec<S, 2> o; o.v[0] = D::from_f(v0); o.v[1] = D::from_f(v1);
+                vstore<S, 2>(out + pix * ldo + n, o);
+            } else {
+                if (ok0) out[pix * ldo + n] = D::from_f(v0);
+                if (ok1) out[pix * ldo + n + 1] = D::from_f(v1);
+            }
+            lsum += (ok0 ? v0 : 0.0f) + (ok1 ? v1 : 0.0f);
+            v[0] = v0;
+            v[1] = v1;
+        }
+        if (st_part) {   // GroupNorm partials of this tile: count, sum, M2 about the tile mean
+            const float cnt = (float)(min(BM, M - m0) * min(BN, N - n0));
+            const float tsum = block_sum(lsum, red), tmean = tsum / cnt;
+            float lm2 = 0.0f;
+#pragma unroll
+            for (int p = 0; p < NPAIR; ++p) {
+                int ri, r, c;
+                const float *v = pair_at(p, ri, r, c);
+                const int m = m0 + r, n = n0 + c;
+                if (m < M && n < N) lm2 += (v[0] - tmean) * (v[0] - tmean);
+                if (m < M && n + 1 < N) lm2 += (v[1] - tmean) * (v[1] - tmean);
+            }
+            const float tm2 = block_sum(lm2, red);
+            if (tid == 0)
+                st_part[(size_t)b * gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x] =
+                    make_float4(cnt, tsum, tm2, 0.0f);
+        }
+    }
+}
+
+// One extern "C" kernel per instantiation (cache-friendly on every CuPy version); the host
+// generates the list from the plan's distinct shapes (runtime/gpu/kernels.py).
+#define CONV_INSTANCE(name, D, BM, BN, WM, WN, KH, ST, UP, VEC, GATE)                          \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN) name(CONV_PARAMS) {           \
+        conv_gemm<D, BM, BN, WM, WN, KH, ST, UP, VEC, GATE>(CONV_ARGS);                      \
+    }

@@ -1,0 +1,89 @@
+// io.cu: the two convolutions at the network's ends, where the image tensors are fp32 NHWC.
+//
+// init_conv: out = conv_KxK(x) + bias, x the fp32 image (Cin = channels, pixel stride Cin), out in
+//   the activation dtype at pixel stride ldo (it sits in the final concat buffer).
+//   Launch: grid (ceil(H/8)*ceil(W/8), 1, B), block 256; dynamic smem (8+K-1)^2*Cin + K*K*Cin*CoutP
+//   floats (halo tile + all weights, [ky][kx][ci][CoutP], CoutP = Cout rounded up to 8 with zeros).
+//   Each thread owns (pixel, 8 output channels) items.
+// final_conv: eps = conv_1x1(x) + bias, x in the activation dtype (pixel stride ldx), eps fp32 with
+//   pixel stride Cout (<= 8). Launch: grid ceil(B*H*W/128), block 128, dynamic smem Cout*Cin floats.
+// Reference: runtime.reference.conv2d.
+#include "common.cuh"
+
+extern __shared__ __align__(16) float dyn_smem[];
+
+#define INIT_PARAMS                                                                          \
+    const float *x, int H, int W, int Cin, const float *w, const float *bias, void *out_,     \
+    int Cout, int CoutP, int ldo
+#define INIT_ARGS x, H, W, Cin, w, bias, out_, Cout, CoutP, ldo
+
+template <class D, int K>
+__device__ __forceinline__ void init_conv(INIT_PARAMS) {
+    typedef typename D::S S;
+    constexpr int TH = 8, TW = 8, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
+    float *tile = dyn_smem, *ws = dyn_smem + HH * HW * Cin;
+    S *out = (S *)out_;
+    const int tiles_x = (W + TW - 1) / TW;
+    const int y0 = (blockIdx.x / tiles_x) * TH, x0 = (blockIdx.x % tiles_x) * TW, b = blockIdx.z;
+    for (int i = threadIdx.x; i < HH * HW * Cin; i += blockDim.x) {
+        const int ci = i % Cin, p = i / Cin, py = p / HW, px = p - (p / HW) * HW;
+        const int gy = y0 + py - P, gx = x0 + px - P;
+        tile[i] = (gy >= 0 && gy < H && gx >= 0 && gx < W) ? x[((size_t)(b * H + gy) * W + gx) * Cin + ci] : 0.0f;
+    }
+    for (int i = threadIdx.x; i < K * K * Cin * CoutP; i += blockDim.x) ws[i] = w[i];
+    __syncthreads();
+    const int groups = CoutP / 8;
+    for (int it = threadIdx.x; it < TH * TW * groups; it += blockDim.x) {
+        const int p = it % (TH * TW), g = it / (TH * TW), py = p / TW, px = p % TW;
+        const int oy = y0 + py, ox = x0 + px;
+        if (oy >= H || ox >= W) continue;
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+        for (int ky = 0; ky < K; ++ky)
+            for (int kx = 0; kx < K; ++kx)
+                for (int ci = 0; ci < Cin; ++ci) {
+                    const float xv = tile[((py + ky) * HW + px + kx) * Cin + ci];
+                    const float *wr = ws + ((ky * K + kx) * Cin + ci) * CoutP + g * 8;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv, wr[j], acc[j]);
+                }
+        S *o = out + ((size_t)(b * H + oy) * W + ox) * ldo;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (g * 8 + j < Cout) o[g * 8 + j] = D::from_f(acc[j] + bias[g * 8 + j]);
+    }
+}
+
+#define FINAL_PARAMS                                                                         \
+    const void *x_, int npix, int Cin, int ldx, const float *w, const float *bias, float *out, int Cout
+#define FINAL_ARGS x_, npix, Cin, ldx, w, bias, out, Cout
+
+template <class D>
+__device__ __forceinline__ void final_conv(FINAL_PARAMS) {
+    typedef typename D::S S;
+    const S *x = (const S *)x_;
+    float *ws = dyn_smem;
+    for (int i = threadIdx.x; i < Cout * Cin; i += blockDim.x) ws[i] = w[i];
+    __syncthreads();
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= npix) return;
+    float acc[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+    const S *xp = x + (size_t)p * ldx;
+    for (int ci = 0; ci < Cin; ++ci) {
+        const float xv = D::to_f(xp[ci]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (j < Cout) acc[j] = fmaf(xv, ws[j * Cin + ci], acc[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        if (j < Cout) out[(size_t)p * Cout + j] = acc[j] + bias[j];
+}
+
+#define INIT_INSTANCE(name, D, K)                                                            \
+    extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K>(INIT_ARGS); }
+#define FINAL_INSTANCE(name, D)                                                              \
+    extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { final_conv<D>(FINAL_ARGS); }

@@ -1,0 +1,328 @@
+"""GPU executor of the plan: one launch per non-cat op, over two device allocations.
+
+    ex = GpuExecutor(weights, precision="fp16", batch=4)     # compiles, allocates, uploads once
+    eps = ex.eps(x_nchw_float32, t)                          # convenience: upload, run, download
+    ex.run(stream, ex.t_row_ptr(t))                          # enqueue only (pipelines, CUDA graphs)
+
+Memory: the weights allocation holds every op's packed parameters, the fp32 time-bias table
+[T, sum of block widths] (computed once per load on the host, float64 reference, since the plan's
+time ops depend on t only) and a [T, B] int32 table of timestep rows, so a sampling step only
+points its kernels at row t. The arena (runtime.arena) holds the NHWC activations (the image x and
+eps in fp32, the rest in the precision's dtype), the GroupNorm partial statistics between a
+producer and its normalized consumer, and the per-sample timestep indices `t_idx`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..arena import ArenaPlan, activation_elem_bytes, cat_parents, plan_arena
+from ..errors import ArenaError, UsageError
+from ..plan import CAT, TIME_PROJ, Plan, build_plan
+from ..reference import Reference
+from .backend import get_backend
+from .kernels import KernelSet
+from .ops import ELEM_BYTES, Ctx, OpSpec, Resolver, all_tile_keys, from_device, op_spec, storage_dtype, to_device
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+ALIGN = 256
+_T_MARK = object()   # stands for the t_idx pointer in argument tuples until launch
+
+
+def view_layout(plan: Plan) -> Dict[str, Tuple[int, int]]:
+    """Tensor -> (pixel stride = root channels, channel offset in the root), from the cat aliasing."""
+    parent = cat_parents(plan)
+    out = {}
+    for name, t in plan.tensors.items():
+        if not t.size:
+            continue
+        root, c0 = name, 0
+        while root in parent:
+            root, off = parent[root]
+            c0 += off
+        out[name] = (plan.tensors[root].channels, c0)
+    return out
+
+
+def device_sm_count(backend: Any) -> int:
+    if hasattr(backend, "sm_count"):
+        return int(backend.sm_count())
+    try:   # CuPy backend: the runtime's device properties
+        return int(backend.rt.getDeviceProperties(backend.device.id)["multiProcessorCount"])
+    except Exception:
+        return 8   # Orin Nano 8GB
+
+
+@dataclass
+class Launch:
+    name: str
+    fn: Any
+    grid: Tuple[int, int, int]
+    block: Tuple[int, int, int]
+    args: Tuple[Any, ...]
+    smem: int
+    t_pos: Optional[int]
+
+    def args_for(self, t_ptr: int) -> Tuple[Any, ...]:
+        if self.t_pos is None:
+            return self.args
+        a = list(self.args)
+        a[self.t_pos] = np.uint64(t_ptr)
+        return tuple(a)
+
+
+class _Addr(Resolver):
+    def __init__(self, ex: "GpuExecutor") -> None:
+        self.ex, self.t_idx, self.norm_eps = ex, _T_MARK, ex.config.norm_eps
+
+    def tensor(self, name: str) -> Tuple[int, int]:
+        reg = self.ex.arena.regions[name]
+        return self.ex.arena_ptr + reg.offset, reg.ld
+
+    def blob(self, op: str, key: str) -> int:
+        return self.ex.weights_ptr + self.ex.blob_offsets[(op, key)]
+
+    def tbias(self, name: str) -> Tuple[int, int]:
+        return self.ex.weights_ptr + self.ex.tb_offset + 4 * self.ex.tb_cols[name], self.ex.tb_stride
+
+    def stats_out(self, op: str) -> int:
+        reg = self.ex.arena.regions.get("stats:" + op)
+        return self.ex.arena_ptr + reg.offset if reg else 0
+
+    def stats_in(self, op: Any) -> Tuple[int, int]:
+        return self.ex.arena_ptr + self.ex.arena.regions["stats:" + op.x].offset, self.ex.stats_parts[op.x]
+
+
+class GpuExecutor:
+    def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Any = None) -> None:
+        if precision not in PRECISIONS:
+            raise UsageError(f"GPU precision must be one of {PRECISIONS}, got {precision!r}")
+        if batch < 1:
+            raise UsageError(f"batch must be >= 1, got {batch}")
+        self.backend = backend or get_backend("cupy")
+        self.precision, self.batch, self.config = precision, int(batch), weights.config
+        self.plan = build_plan(self.config)
+        self._bufs: List[Any] = []
+        ctx = Ctx(self.plan, weights.params, precision, self.batch, device_sm_count(self.backend),
+                  view_layout(self.plan))
+        self.specs: List[OpSpec] = [op_spec(op, ctx) for op in self.plan.ops if op.kind != CAT]
+        keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs}
+        self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
+        self._plan_stats()
+        host_w = self._pack_weights(weights)
+        self.arena: ArenaPlan = plan_arena(self.plan, self.batch, self._elem_bytes(), self._extras(self.batch),
+                                           align=ALIGN)
+        self._check_memory(host_w.nbytes)
+        self.stream = self.backend.stream()
+        self._alloc_and_upload(host_w)
+        addr = _Addr(self)
+        self.launches = [self._launch(s, addr) for s in self.specs]
+        c = self.config
+        self._host_x = self.backend.pinned((self.batch, c.image_size, c.image_size, c.channels), np.float32)
+        self._host_eps = self.backend.pinned((self.batch, c.image_size, c.image_size, c.channels), np.float32)
+        self._host_t = self.backend.pinned((self.batch,), np.int32)
+
+    # ---- construction steps ---------------------------------------------------------------------
+    def _plan_stats(self) -> None:
+        """Each normalized conv reads GroupNorm partials written by the producer of its input."""
+        index = {op.out: i for i, op in enumerate(self.plan.ops)}
+        by_out = {s.op.out: s for s in self.specs}
+        self.stats_parts: Dict[str, int] = {}
+        self._stats_life: Dict[str, Tuple[int, int]] = {}
+        for s in self.specs:
+            if not s.op.norm:
+                continue
+            prod = by_out.get(s.op.x)
+            if prod is None or not prod.stats_parts:
+                raise ArenaError(f"{s.op.out}: its input {s.op.x!r} is not written by a kernel that "
+                                 "emits GroupNorm statistics (a depthwise or GEMM conv)")
+            self.stats_parts[s.op.x] = prod.stats_parts
+            self._stats_life[s.op.x] = (index[s.op.x], index[s.op.out])
+
+    def _extras(self, batch: int) -> List[Tuple[str, int, int, int]]:
+        ex = [("stats:" + n, 16 * batch * self.stats_parts[n], f, l) for n, (f, l) in self._stats_life.items()]
+        ex.append(("t_idx", 4 * batch, -1, len(self.plan.ops)))
+        return ex
+
+    def _elem_bytes(self) -> Dict[str, int]:
+        return activation_elem_bytes(self.plan, ELEM_BYTES[self.precision])
+
+    def _pack_weights(self, weights: Any) -> np.ndarray:
+        """One host buffer: every op's blobs, the time-bias table, the timestep-row table."""
+        T = self.config.timesteps
+        env = Reference(weights, np.float64).time_env(np.arange(T))
+        names = [op.out for op in self.plan.time_ops if op.kind == TIME_PROJ]
+        self.tb_cols, off = {}, 0
+        for n in names:
+            self.tb_cols[n] = off
+            off += self.plan.tensors[n].channels
+        self.tb_stride = off
+        table = np.concatenate([env[n] for n in names], axis=1).astype(np.float32) if names else np.zeros((T, 1), np.float32)
+        rows = np.repeat(np.arange(T, dtype=np.int32)[:, None], self.batch, axis=1)
+        items: List[Tuple[Tuple[str, str], np.ndarray]] = []
+        for s in self.specs:
+            items.extend(((s.op.out, k), np.ascontiguousarray(v)) for k, v in s.blobs.items())
+        items.append((("", "tbias"), table))
+        items.append((("", "trows"), np.ascontiguousarray(rows)))
+        self.blob_offsets: Dict[Tuple[str, str], int] = {}
+        total = 0
+        for k, v in items:
+            self.blob_offsets[k] = total
+            total += -(-v.nbytes // ALIGN) * ALIGN
+        host = np.zeros(max(total, ALIGN), dtype=np.uint8)
+        for k, v in items:
+            o = self.blob_offsets[k]
+            host[o:o + v.nbytes] = v.reshape(-1).view(np.uint8)
+        self.tb_offset = self.blob_offsets[("", "tbias")]
+        self.trows_offset = self.blob_offsets[("", "trows")]
+        return host
+
+    def _check_memory(self, weight_bytes: int) -> None:
+        """Refuse before allocating: say the bytes needed and the largest batch that fits."""
+        need = self.arena.nbytes + weight_bytes
+        free, _ = self.backend.mem_info()
+        if need <= free:
+            return
+        fits = 0
+        lo, hi = 1, self.batch - 1
+        while lo <= hi:   # arena bytes grow with the batch; weights do not (but for a tiny table)
+            mid = (lo + hi) // 2
+            a = plan_arena(self.plan, mid, self._elem_bytes(), self._extras(mid), align=ALIGN)
+            if a.nbytes + weight_bytes <= free:
+                fits, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        raise ArenaError(f"batch {self.batch} needs {need} bytes on the GPU ({self.arena.nbytes} arena + "
+                         f"{weight_bytes} weights) but {free} are free; the largest batch that fits is {fits}")
+
+    def _alloc_and_upload(self, host_w: np.ndarray) -> None:
+        self._wbuf = self.backend.alloc(host_w.nbytes)
+        self._bufs.append(self._wbuf)
+        self._abuf = self.backend.alloc(self.arena.nbytes)
+        self._bufs.append(self._abuf)
+        self.weights_ptr, self.arena_ptr = self._wbuf.ptr, self._abuf.ptr
+        self.backend.h2d(self.weights_ptr, host_w, self.stream)
+        self.stream.synchronize()
+
+    def _launch(self, spec: OpSpec, addr: _Addr) -> Launch:
+        args = spec.make_args(addr)
+        t_pos = next((i for i, a in enumerate(args) if a is _T_MARK), None)
+        launch = Launch(spec.op.out, self.kernels[spec.symbol], spec.grid, spec.block, args, spec.smem, t_pos)
+        launch.args = launch.args_for(self.t_idx_ptr)
+        return launch
+
+    # ---- device pointers --------------------------------------------------------------------------
+    @property
+    def x_ptr(self) -> int:
+        return self.arena_ptr + self.arena.regions[self.plan.input].offset
+
+    @property
+    def eps_ptr(self) -> int:
+        return self.arena_ptr + self.arena.regions[self.plan.output].offset
+
+    @property
+    def t_idx_ptr(self) -> int:
+        return self.arena_ptr + self.arena.regions["t_idx"].offset
+
+    def t_row_ptr(self, t: int) -> int:
+        """A device int32[B] holding t for every sample (constant table row: graph-friendly)."""
+        if not 0 <= int(t) < self.config.timesteps:
+            raise UsageError(f"timestep {t} outside [0, {self.config.timesteps})")
+        return self.weights_ptr + self.trows_offset + 4 * self.batch * int(t)
+
+    @property
+    def launches_per_call(self) -> int:
+        return len(self.launches)
+
+    # ---- running ------------------------------------------------------------------------------------
+    def run(self, stream: Any, t_idx_ptr: Optional[int] = None) -> None:
+        """Enqueue one U-Net call: reads the device image buffer (x_ptr), writes eps (eps_ptr)."""
+        tp = self.t_idx_ptr if t_idx_ptr is None else int(t_idx_ptr)
+        same = tp == self.t_idx_ptr
+        for L in self.launches:
+            L.fn.launch(L.grid, L.block, L.args if same else L.args_for(tp), L.smem, stream)
+
+    def launch_op(self, name: str, stream: Any = None) -> None:
+        """Run the one kernel that computes tensor `name` (per-op tests and debugging)."""
+        L = next(L for L in self.launches if L.name == name)
+        L.fn.launch(L.grid, L.block, L.args, L.smem, stream or self.stream)
+
+    def eps(self, x: np.ndarray, t: Any) -> np.ndarray:
+        """x (B, C, H, W) float32, t (B,) or scalar integer timesteps -> eps (B, C, H, W) float32."""
+        self._check_open()
+        c = self.config
+        x = np.asarray(x, dtype=np.float32)
+        shape = (self.batch, c.channels, c.image_size, c.image_size)
+        if x.shape != shape:
+            raise UsageError(f"x must be {shape} for this executor, got {x.shape}")
+        t = np.broadcast_to(np.asarray(t, dtype=np.int64), (self.batch,))
+        if t.min() < 0 or t.max() >= c.timesteps:
+            raise UsageError(f"timesteps must lie in [0, {c.timesteps}), got {t.tolist()}")
+        self._host_x[...] = x.transpose(0, 2, 3, 1)
+        self._host_t[...] = t
+        self.backend.h2d(self.x_ptr, self._host_x, self.stream)
+        self.backend.h2d(self.t_idx_ptr, self._host_t, self.stream)
+        self.run(self.stream)
+        self.backend.d2h(self._host_eps, self.eps_ptr, self.stream)
+        self.stream.synchronize()
+        return np.ascontiguousarray(self._host_eps.transpose(0, 3, 1, 2))
+
+    # ---- tensors by name (tests, debugging): whole-root read-modify-write, synchronous -------------
+    def _root(self, name: str) -> Tuple[int, np.ndarray, Any]:
+        reg = self.arena.regions[name]
+        root = self.arena.regions[reg.root]
+        dt = np.float32 if self._elem_bytes()[reg.root] == 4 else storage_dtype(self.precision)
+        t = self.plan.tensors[reg.root]
+        host = np.empty((self.batch, t.size, t.size, t.channels), dtype=dt)
+        return root.offset, host, dt
+
+    def download_tensor(self, name: str) -> np.ndarray:
+        """(B, C, H, W) float32 of tensor `name` (a view's channels cut out of its root)."""
+        off, host, dt = self._root(name)
+        self.backend.d2h(host, self.arena_ptr + off, self.stream)
+        self.stream.synchronize()
+        ld, c0 = view_layout(self.plan)[name]
+        ch = self.plan.tensors[name].channels
+        vals = host[..., c0:c0 + ch]
+        vals = vals.astype(np.float32) if dt == np.float32 else from_device(vals, self.precision)
+        return np.ascontiguousarray(vals.transpose(0, 3, 1, 2))
+
+    def upload_tensor(self, name: str, value: np.ndarray) -> None:
+        """Write (B, C, H, W) values into tensor `name`, rounded to its device dtype."""
+        off, host, dt = self._root(name)
+        self.backend.d2h(host, self.arena_ptr + off, self.stream)
+        self.stream.synchronize()
+        ld, c0 = view_layout(self.plan)[name]
+        v = np.asarray(value, dtype=np.float32).transpose(0, 2, 3, 1)
+        host[..., c0:c0 + v.shape[-1]] = v if dt == np.float32 else to_device(v, self.precision)
+        self.backend.h2d(self.arena_ptr + off, host, self.stream)
+        self.stream.synchronize()
+
+    def set_timesteps(self, t: Any) -> None:
+        self._host_t[...] = np.broadcast_to(np.asarray(t, dtype=np.int64), (self.batch,))
+        self.backend.h2d(self.t_idx_ptr, self._host_t, self.stream)
+        self.stream.synchronize()
+
+    # ---- reports, lifetime ----------------------------------------------------------------------------
+    def arena_report(self) -> Dict[str, Any]:
+        a = self.arena
+        return {"arena_bytes": a.nbytes, "sum_bytes": a.sum_bytes, "peak_live_bytes": a.peak_live_bytes,
+                "weights_bytes": self._wbuf.nbytes if self._bufs else 0, "text": a.report()}
+
+    def _check_open(self) -> None:
+        if not self._bufs:
+            raise UsageError("this GpuExecutor is closed")
+
+    def close(self) -> None:
+        """Free both allocations; safe to call twice."""
+        for b in self._bufs:
+            b.free()
+        self._bufs = []
+
+    def __enter__(self) -> "GpuExecutor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,391 @@
+"""Per-op launchers: validate an op against what its kernel supports, choose the tile, pack the op's
+weights in the layout the kernel reads, and compute grid/block/shared memory and the argument tuple
+(pointers as np.uint64, 4-byte scalars as np.int32 / np.float32: CuPy passes a Python int as 8 bytes).
+
+Nothing here touches the GPU: an `OpSpec` is built from the plan and the parameters alone, and its
+`make_args(resolver)` turns device addresses (known once the arena and weights are allocated) into
+the launch arguments. Kernels: kernels/conv.cu (GEMM conv + gate), dwconv.cu, io.cu.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..plan import CONV, GATE, Op, Plan
+from .kernels import ConvKey, SimpleKey
+
+BK = {"fp32": 16, "fp16": 32, "bf16": 32}            # K tile of conv_gemm (must match conv.cu)
+VEC_MAX = {"fp32": 4, "fp16": 8, "bf16": 8}          # 16-byte vectors
+ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+SMEM_LIMIT = 48 * 1024                               # static + dynamic without an opt-in
+DW_TILE, DW_CC, DW_THREADS = 8, 32, 256              # dwconv.cu
+INIT_TILE, FINAL_THREADS = 8, 128                    # io.cu
+GATE_MAX_N = 256
+
+
+def P(v: int) -> np.uint64:
+    return np.uint64(v)
+
+
+def I(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def F(v: float) -> np.float32:
+    return np.float32(v)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    return cdiv(a, b) * b
+
+
+# ---- host dtype conversion (bf16 has no NumPy dtype: stored as uint16 bit patterns) ------------
+
+def to_device(a: np.ndarray, precision: str) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if precision == "fp32":
+        return a
+    if precision == "fp16":
+        return a.astype(np.float16)
+    u = a.view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)   # round to nearest even
+
+
+def from_device(a: np.ndarray, precision: str) -> np.ndarray:
+    if precision == "bf16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+def storage_dtype(precision: str) -> Any:
+    return {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}[precision]
+
+
+# ---- specs ----------------------------------------------------------------------------------------
+
+class Resolver:
+    """Device addresses, supplied by the executor once memory is allocated (interface only)."""
+    t_idx: Any = None      # a marker the executor swaps per call
+    norm_eps: float = 1e-5
+
+    def tensor(self, name: str) -> Tuple[int, int]: ...          # (ptr, pixel stride ld)
+    def blob(self, op: str, key: str) -> int: ...                # packed weights of one op
+    def tbias(self, name: str) -> Tuple[int, int]: ...           # (ptr of the column, row stride)
+    def stats_out(self, op: str) -> int: ...                     # 0 when nobody reads them
+    def stats_in(self, op: Op) -> Tuple[int, int]: ...           # (ptr, partials per sample)
+
+
+@dataclass
+class OpSpec:
+    op: Op
+    key: Any                                   # ConvKey | SimpleKey
+    grid: Tuple[int, int, int]
+    block: Tuple[int, int, int]
+    smem: int
+    blobs: Dict[str, np.ndarray]               # uploaded into the weights allocation
+    make_args: Callable[[Resolver], Tuple[Any, ...]]
+    stats_parts: int = 0                       # StatPartials per sample it can write
+
+    @property
+    def symbol(self) -> str:
+        return self.key.symbol
+
+
+@dataclass
+class Ctx:
+    plan: Plan
+    params: Mapping[str, np.ndarray]
+    precision: str
+    batch: int
+    sms: int
+    views: Mapping[str, Tuple[int, int]]       # tensor -> (ld, channel offset in its root)
+    tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch)
+    extra_keys: List[Any] = field(default_factory=list)
+
+
+# ---- tile choice ----------------------------------------------------------------------------------
+
+def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool) -> Tuple[int, int, int, int]:
+    """(BM, BN, WM, WN). Gates need the whole N in one CTA (psi is a dot product over N).
+    Convs: BN covers N where it can; BM is the largest that still gives ~2 CTAs per SM
+    (batch-1 calls are launch/latency bound: many small CTAs beat few big ones)."""
+    tc = precision != "fp32"
+    if gate:
+        if n > GATE_MAX_N:
+            raise ConfigError(f"the GPU gate kernel supports at most {GATE_MAX_N} gate channels, got {n}")
+        bn = next(b for b in (32, 64, 128, 256) if b >= n)
+        return (32, bn, 1, 4) if (tc and bn == 256) else (32, bn, 2, 2)
+    bn = 32 if n <= 32 else 64
+    if tc and n > 64 and batch * cdiv(m, 64) * cdiv(n, 128) >= 2 * sms:
+        bn = 128
+    choices = (128, 64, 32) if tc else (64, 32)
+    if tc and bn == 128:
+        choices = (64, 32)                                  # 128x128 would need ~255 registers
+    target = 2 * sms
+    for bm in choices:
+        if batch * cdiv(m, bm) * cdiv(n, bn) >= target:
+            return bm, bn, 2, 2
+    return choices[-1], bn, 2, 2
+
+
+def vec_for(precision: str, ctx: Ctx, names: Sequence[Optional[str]], channels: Sequence[int]) -> int:
+    """16-byte vectors when every channel count, pixel stride and view offset allows them."""
+    v = VEC_MAX[precision]
+    ok = all(c % v == 0 for c in channels)
+    for name in names:
+        if name:
+            ld, c0 = ctx.views[name]
+            ok = ok and ld % v == 0 and c0 % v == 0
+    return v if ok else 1
+
+
+# ---- weight packing -------------------------------------------------------------------------------
+
+def conv_matrix(op: Op, params: Mapping[str, np.ndarray]) -> np.ndarray:
+    """(Cout, K) with K ordered (ky, kx, c); unshuffle2's channel c*4+dy*2+dx becomes tap (dy, dx)."""
+    w = np.asarray(params[op.prefix + ".weight"], dtype=np.float32)
+    if op.in_map == "unshuffle2":
+        o, c4 = w.shape[:2]
+        w = w.reshape(o, c4 // 4, 2, 2).transpose(0, 2, 3, 1)
+    else:
+        w = w.transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(w.reshape(w.shape[0], -1))
+
+
+def pack_gemm(precision: str, bn: int, segs: Sequence[np.ndarray]) -> Tuple[np.ndarray, int, List[int]]:
+    """Zero-padded B matrix: K segments each padded to BK, N to BN. 16-bit: [Npad][K] (ldmatrix
+    reads k-contiguous rows); fp32: [K][Npad] (the FFMA path reads float4 along n)."""
+    bk, n = BK[precision], segs[0].shape[0]
+    kps = [round_up(s.shape[1], bk) for s in segs]
+    npad = round_up(n, bn)
+    w = np.zeros((npad, sum(kps)), dtype=np.float32)
+    k0 = 0
+    for s, kp in zip(segs, kps):
+        w[:n, k0:k0 + s.shape[1]] = s
+        k0 += kp
+    if precision == "fp32":
+        return np.ascontiguousarray(w.T), npad, [kp // bk for kp in kps]
+    return to_device(w, precision), w.shape[1], [kp // bk for kp in kps]
+
+
+def padded(v: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=np.float32)
+    out[:v.size] = np.asarray(v, dtype=np.float32).ravel()
+    return out
+
+
+# ---- the GEMM conv and the gate -------------------------------------------------------------------
+
+def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
+    plan = ctx.plan
+    xt, ot = plan.tensors[op.x], plan.tensors[op.out]
+    kh, st, up = {"none": (op.k, 1, 1), "up2": (op.k, 1, 2), "unshuffle2": (2, 2, 1)}[op.in_map]
+    if op.in_map == "unshuffle2" and (op.k != 1 or op.norm):
+        raise ConfigError(f"{op.out}: unshuffle2 is supported for a 1x1 conv without norm only")
+    if op.residual_conv and op.act != "none":
+        raise ConfigError(f"{op.out}: a fused residual_conv needs act 'none' (it joins the GEMM)")
+    tile = choose_tile(ctx.precision, ot.size * ot.size, ot.channels, ctx.tile_batch or ctx.batch,
+                       ctx.sms, gate=False)
+    xr = op.residual if op.residual_conv else None
+    cr = plan.tensors[xr].channels if xr else 0
+    vec = vec_for(ctx.precision, ctx, (op.x, xr, op.out), (xt.channels, cr, ot.channels))
+    if vec == 1 and tile[0] > 64:   # scalar loads: 128 rows would hold 32 loads + 64 indices per thread
+        tile = (64,) + tuple(tile[1:])
+    return ConvKey(ctx.precision, *tile, kh, st, up, vec, False)
+
+
+def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
+    plan, p, prec = ctx.plan, ctx.params, ctx.precision
+    xt, ot = plan.tensors[op.x], plan.tensors[op.out]
+    key = gemm_key(op, ctx)
+    tile = (key.bm, key.bn)
+    n, m = ot.channels, ot.size * ot.size
+    segs = [conv_matrix(op, p)]
+    bias = np.asarray(p[op.prefix + ".bias"], dtype=np.float32)
+    xr, cr = None, 0
+    if op.residual_conv:
+        xr, cr = op.residual, plan.tensors[op.residual].channels
+        segs.append(np.asarray(p[op.residual_conv + ".weight"], dtype=np.float32).reshape(n, cr))
+        bias = bias + np.asarray(p[op.residual_conv + ".bias"], dtype=np.float32)
+    res = op.residual if (op.residual and not op.residual_conv) else None
+    w, ldw, nks = pack_gemm(prec, tile[1], segs)
+    blobs = {"w": w, "bias": padded(bias, round_up(n, tile[1]))}
+    if op.norm:
+        blobs["gn_w"] = padded(p[op.norm + ".weight"], xt.channels)
+        blobs["gn_b"] = padded(p[op.norm + ".bias"], xt.channels)
+    grid = (cdiv(m, tile[0]), cdiv(n, tile[1]), ctx.batch)
+    smem = 8 * xt.channels if op.norm else 0
+    act = {"none": 0, "gelu": 1}[op.act]
+
+    def make_args(r: Resolver) -> Tuple[Any, ...]:
+        x_ptr, ldx = r.tensor(op.x)
+        xr_ptr, ldr = r.tensor(xr) if xr else (0, 0)
+        res_ptr, ldres = r.tensor(res) if res else (0, 0)
+        out_ptr, ldo = r.tensor(op.out)
+        tb_ptr, tb_stride = r.tbias(op.tbias) if op.tbias else (0, 0)
+        gn_part, gn_n = r.stats_in(op) if op.norm else (0, 0)
+        gn_w = r.blob(op.out, "gn_w") if op.norm else 0
+        gn_b = r.blob(op.out, "gn_b") if op.norm else 0
+        return (P(x_ptr), I(xt.size), I(xt.size), I(xt.channels), I(ldx), P(xr_ptr), I(cr), I(ldr),
+                P(r.blob(op.out, "w")), I(ldw), I(nks[0]), I(nks[1] if len(nks) > 1 else 0),
+                P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
+                P(gn_w), P(gn_b), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
+                P(out_ptr), I(ot.size), I(ot.size), I(n), I(ldo), P(r.stats_out(op.out)), I(act),
+                P(0), F(0.0))
+
+    return OpSpec(op, key, grid, (key.threads, 1, 1), smem, blobs, make_args, grid[0] * grid[1])
+
+
+def gate_key(op: Op, ctx: Ctx) -> ConvKey:
+    xname, skip = op.inputs
+    g, r_ch, size = (ctx.plan.tensors[xname].channels, ctx.plan.tensors[skip].channels,
+                     ctx.plan.tensors[skip].size)
+    tile = choose_tile(ctx.precision, size * size, g, ctx.tile_batch or ctx.batch, ctx.sms, gate=True)
+    vec = vec_for(ctx.precision, ctx, (xname, skip, op.out), (g, r_ch))
+    return ConvKey(ctx.precision, *tile, 1, 1, 1, vec, True)
+
+
+def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
+    plan, p, prec = ctx.plan, ctx.params, ctx.precision
+    xname, skip = op.inputs
+    g, r_ch, size = plan.tensors[xname].channels, plan.tensors[skip].channels, plan.tensors[skip].size
+    m = size * size
+    key = gate_key(op, ctx)
+    tile = (key.bm, key.bn)
+    f32 = lambda k: np.asarray(p[op.prefix + k], dtype=np.float32)  # noqa: E731
+    segs = [f32(".gate_conv.weight").reshape(g, g), f32(".residual_conv.weight").reshape(g, r_ch)]
+    bias = f32(".gate_conv.bias") + f32(".residual_conv.bias")
+    w, ldw, nks = pack_gemm(prec, tile[1], segs)
+    npad = round_up(g, tile[1])
+    blobs = {"w": w, "bias": padded(bias, npad), "psi": padded(f32(".psi.weight"), npad)}
+    psi_b = float(f32(".psi.bias").ravel()[0])
+    grid = (cdiv(m, tile[0]), 1, ctx.batch)
+
+    def make_args(r: Resolver) -> Tuple[Any, ...]:
+        x_ptr, ldx = r.tensor(xname)
+        s_ptr, lds = r.tensor(skip)
+        out_ptr, ldo = r.tensor(op.out)
+        return (P(x_ptr), I(size), I(size), I(g), I(ldx), P(s_ptr), I(r_ch), I(lds),
+                P(r.blob(op.out, "w")), I(ldw), I(nks[0]), I(nks[1]),
+                P(r.blob(op.out, "bias")), P(0), I(0), P(0),
+                P(0), P(0), P(0), I(0), F(0.0), P(0), I(0),
+                P(out_ptr), I(size), I(size), I(g), I(ldo), P(0), I(0),
+                P(r.blob(op.out, "psi")), F(psi_b))
+
+    return OpSpec(op, key, grid, (key.threads, 1, 1), 0, blobs, make_args)
+
+
+# ---- depthwise 7x7, init_conv, final_conv -------------------------------------------------------
+
+def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
+    xt = ctx.plan.tensors[op.x]
+    c, size, k = xt.channels, xt.size, op.k
+    w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).reshape(c, k * k)
+    blobs = {"w": np.ascontiguousarray(w.T), "bias": padded(ctx.params[op.prefix + ".bias"], c)}
+    key = SimpleKey("dwconv", ctx.precision, k)
+    grid = (cdiv(size, DW_TILE) ** 2, cdiv(c, DW_CC), ctx.batch)
+
+    def make_args(r: Resolver) -> Tuple[Any, ...]:
+        x_ptr, ldx = r.tensor(op.x)
+        out_ptr, ldo = r.tensor(op.out)
+        tb_ptr, tb_stride = r.tbias(op.tbias) if op.tbias else (0, 0)
+        return (P(x_ptr), I(size), I(size), I(c), I(ldx), P(r.blob(op.out, "w")),
+                P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
+                P(out_ptr), I(ldo), P(r.stats_out(op.out)))
+
+    return OpSpec(op, key, grid, (DW_THREADS, 1, 1), 0, blobs, make_args, grid[0] * grid[1])
+
+
+def init_spec(op: Op, ctx: Ctx) -> OpSpec:
+    xt, ot = ctx.plan.tensors[op.x], ctx.plan.tensors[op.out]
+    cin, cout, k, size = xt.channels, ot.channels, op.k, xt.size
+    coutp = round_up(cout, 8)
+    w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).transpose(2, 3, 1, 0)
+    wp = np.zeros((k, k, cin, coutp), dtype=np.float32)
+    wp[..., :cout] = w
+    halo = INIT_TILE + k - 1
+    smem = 4 * (halo * halo * cin + k * k * cin * coutp)
+    if smem > SMEM_LIMIT:
+        raise ConfigError(f"{op.out}: init_conv needs {smem} B of shared memory (> {SMEM_LIMIT})")
+    blobs = {"w": wp.reshape(-1), "bias": padded(ctx.params[op.prefix + ".bias"], coutp)}
+    key = SimpleKey("init", ctx.precision, k)
+    grid = (cdiv(size, INIT_TILE) ** 2, 1, ctx.batch)
+
+    def make_args(r: Resolver) -> Tuple[Any, ...]:
+        x_ptr, _ = r.tensor(op.x)
+        out_ptr, ldo = r.tensor(op.out)
+        return (P(x_ptr), I(size), I(size), I(cin), P(r.blob(op.out, "w")), P(r.blob(op.out, "bias")),
+                P(out_ptr), I(cout), I(coutp), I(ldo))
+
+    return OpSpec(op, key, grid, (256, 1, 1), smem, blobs, make_args)
+
+
+def final_spec(op: Op, ctx: Ctx) -> OpSpec:
+    xt, ot = ctx.plan.tensors[op.x], ctx.plan.tensors[op.out]
+    cin, cout, size = xt.channels, ot.channels, ot.size
+    if op.k != 1 or cout > 8 or op.norm or op.residual or op.tbias or op.act != "none":
+        raise ConfigError(f"{op.out}: final_conv supports a plain 1x1 conv to <= 8 channels")
+    w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).reshape(cout, cin)
+    blobs = {"w": np.ascontiguousarray(w), "bias": padded(ctx.params[op.prefix + ".bias"], 8)}
+    npix = ctx.batch * size * size
+    key = SimpleKey("final", ctx.precision)
+
+    def make_args(r: Resolver) -> Tuple[Any, ...]:
+        x_ptr, ldx = r.tensor(op.x)
+        out_ptr, _ = r.tensor(op.out)
+        return (P(x_ptr), I(npix), I(cin), I(ldx), P(r.blob(op.out, "w")), P(r.blob(op.out, "bias")),
+                P(out_ptr), I(cout))
+
+    return OpSpec(op, key, (cdiv(npix, FINAL_THREADS), 1, 1), (FINAL_THREADS, 1, 1), 4 * cout * cin,
+                  blobs, make_args)
+
+
+def kernel_kind(op: Op, plan: Plan) -> str:
+    """Which kernel family runs `op`: init/final convs at the fp32 image ends, depthwise, GEMM, gate."""
+    if op.kind == GATE:
+        return "gate"
+    if op.kind != CONV:
+        raise ConfigError(f"{op.out}: op kind {op.kind!r} has no GPU kernel")
+    cin = plan.tensors[op.x].channels
+    if op.x == plan.input:
+        if op.norm or op.residual or op.tbias or op.act != "none" or op.in_map != "none":
+            raise ConfigError(f"{op.out}: the image-input conv supports a plain conv only")
+        return "init"
+    if op.out == plan.output:
+        return "final"
+    if op.groups == cin and op.groups > 1:
+        if op.norm or op.residual or op.act != "none" or op.in_map != "none":
+            raise ConfigError(f"{op.out}: the depthwise kernel fuses bias and time bias only")
+        return "dwconv"
+    if op.groups != 1:
+        raise ConfigError(f"{op.out}: grouped convs other than depthwise have no GPU kernel")
+    return "gemm"
+
+
+SPEC_BUILDERS = {"gate": gate_spec, "init": init_spec, "final": final_spec, "dwconv": dwconv_spec,
+                 "gemm": gemm_conv_spec}
+
+
+def op_spec(op: Op, ctx: Ctx) -> OpSpec:
+    return SPEC_BUILDERS[kernel_kind(op, ctx.plan)](op, ctx)
+
+
+def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> List[Any]:
+    """Every instantiation the tile heuristic can pick for this plan at any of `batches`: one module
+    per (config, precision) then serves every batch size (one compile, one cache entry)."""
+    keys = set()
+    for b in batches:
+        sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b)
+        for op in ctx.plan.ops:
+            if op.kind == GATE:
+                keys.add(gate_key(op, sub))
+            elif op.kind == CONV and kernel_kind(op, ctx.plan) == "gemm":
+                keys.add(gemm_key(op, sub))
+    return sorted(keys, key=lambda k: k.symbol)

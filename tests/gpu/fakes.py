@@ -1,0 +1,81 @@
+"""A backend that records instead of running: drives the executor's host code without a GPU."""
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+
+class FakeBuffer:
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.ptr, self.nbytes = ptr, nbytes
+
+    def free(self) -> None:
+        self.ptr = 0
+
+
+class FakeFunction:
+    def __init__(self, log: List[Any], symbol: str) -> None:
+        self.log, self.symbol = log, symbol
+
+    def launch(self, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple[Any, ...],
+               shared_mem: int = 0, stream: Any = None) -> None:
+        self.log.append((self.symbol, grid, block, args, shared_mem))
+
+
+class FakeModule:
+    def __init__(self, log: List[Any]) -> None:
+        self.log = log
+
+    def get(self, symbol: str) -> FakeFunction:
+        return FakeFunction(self.log, symbol)
+
+
+class FakeStream:
+    def synchronize(self) -> None:
+        pass
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, free: int = 8 << 30, arch: int = 87, sms: int = 8) -> None:
+        self.free, self._arch, self._sms = free, arch, sms
+        self.launches: List[Any] = []
+        self.compiled: List[Tuple[str, Tuple[str, ...], Sequence[str]]] = []
+        self._next = 1 << 32
+        self.allocs: List[FakeBuffer] = []
+
+    def arch(self) -> int:
+        return self._arch
+
+    def sm_count(self) -> int:
+        return self._sms
+
+    def device_name(self) -> str:
+        return "fake"
+
+    def mem_info(self) -> Tuple[int, int]:
+        return self.free, self.free
+
+    def alloc(self, nbytes: int) -> FakeBuffer:
+        b = FakeBuffer(self._next, nbytes)
+        self._next += (nbytes + (1 << 20)) // 256 * 256
+        self.allocs.append(b)
+        return b
+
+    def pinned(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        return np.zeros(tuple(shape), dtype=dtype)
+
+    def stream(self) -> FakeStream:
+        return FakeStream()
+
+    def h2d(self, dst: int, host: np.ndarray, stream: Any) -> None:
+        pass
+
+    def d2h(self, host: np.ndarray, src: int, stream: Any) -> None:
+        pass
+
+    def compile(self, source: str, name: str, options: Tuple[str, ...], symbols: Sequence[str] = ()) -> FakeModule:
+        self.compiled.append((source, options, tuple(symbols)))
+        return FakeModule(self.launches)

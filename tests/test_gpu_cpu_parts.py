@@ -1,0 +1,151 @@
+"""CPU-only checks of the GPU executor's host side: instantiation list, launch arguments against the
+kernels' parameter lists, weight packing (a NumPy emulation of conv.cu's implicit-GEMM indexing
+against the reference), memory refusal, arena invariants. No GPU or CuPy needed."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from fakes import FakeBackend  # noqa: E402
+
+from runtime import kernels_dir  # noqa: E402
+from runtime.config import UNetConfig  # noqa: E402
+from runtime.errors import ArenaError  # noqa: E402
+from runtime.gpu import ops  # noqa: E402
+from runtime.gpu.executor import GpuExecutor  # noqa: E402
+from runtime.plan import CAT, CONV  # noqa: E402
+from runtime.reference import Reference, gn1, run_op  # noqa: E402
+from runtime.weights import random_params  # noqa: E402
+
+ODD = UNetConfig(dim=12, image_size=24, dim_mults=(1, 2, 3), time_dim=48)
+
+
+class W:
+    def __init__(self, cfg: UNetConfig, seed: int = 0) -> None:
+        self.config, self.params = cfg, random_params(cfg, seed)
+
+
+def kernel_params(macro: str) -> list:
+    """Parameter kinds of a kernel from its *_PARAMS macro: 'p' pointer, 'i' int, 'f' float."""
+    text = "\n".join((kernels_dir() / f).read_text() for f in ("conv.cu", "dwconv.cu", "io.cu"))
+    body = re.search(r"#define %s\s*\\?\n?(.*?)\n#define" % macro, text, re.S).group(1)
+    params = [p.strip() for p in body.replace("\\", " ").split(",")]
+    return ["p" if "*" in p else ("f" if p.startswith("float") else "i") for p in params]
+
+
+MACRO = {"gemm": "CONV_PARAMS", "gate": "CONV_PARAMS", "dwconv": "DW_PARAMS", "init": "INIT_PARAMS",
+         "final": "FINAL_PARAMS"}
+KIND = {np.uint64: "p", np.int32: "i", np.float32: "f"}
+
+
+@pytest.mark.parametrize("cfg", [UNetConfig(), ODD], ids=["default", "odd"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_launch_arguments_match_kernel_parameters(cfg, precision):
+    fb = FakeBackend(sms=8)
+    ex = GpuExecutor(W(cfg), precision, batch=3, backend=fb)
+    assert ex.launches_per_call == sum(op.kind != CAT for op in ex.plan.ops) < 80
+    for spec, launch in zip(ex.specs, ex.launches):
+        kinds = kernel_params(MACRO[ops.kernel_kind(spec.op, ex.plan)])
+        got = [KIND[type(a)] for a in launch.args]
+        assert got == kinds, (spec.op.out, got, kinds)
+        assert launch.smem <= ops.SMEM_LIMIT and all(g >= 1 for g in launch.grid)
+        assert launch.grid[2] in (1, 3)
+    src, options, symbols = fb.compiled[0]
+    assert set(s.symbol for s in ex.specs) <= set(symbols)
+    for sym in symbols:
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", sym) and f"({sym}," in src
+    assert "-std=c++17" in options and any(o.startswith("-I") for o in options)
+
+
+def test_one_module_serves_every_batch():
+    w = W(UNetConfig())
+    syms = [GpuExecutor(w, "fp16", batch=b, backend=FakeBackend(sms=132)).kernels.symbols for b in (1, 3, 16)]
+    assert syms[0] == syms[1] == syms[2]
+
+
+def test_bf16_rounding_is_nearest_even():
+    x = np.array([1.0, 1.00390625, 1.005859375, -2.5, 3.0e38, 1e-40], dtype=np.float32)
+    b = ops.from_device(ops.to_device(x, "bf16"), "bf16")
+    assert b[0] == 1.0 and b[1] == 1.0 and b[2] == np.float32(1.0078125) and b[3] == -2.5
+    assert np.all(np.abs(b - x) <= np.abs(x) * 2.0 ** -8 + 1e-38)
+
+
+def emulate(spec, key, env, plan, params, precision):
+    """conv.cu's implicit GEMM on the host: the same K order, padding, in_map and packed weights."""
+    op = spec.op
+    xt, ot = plan.tensors[op.x], plan.tensors[op.out]
+    x = env[op.x].transpose(0, 2, 3, 1)
+    if op.norm:
+        x = gn1(env[op.x], params[op.norm + ".weight"], params[op.norm + ".bias"], plan.config.norm_eps)
+        x = x.transpose(0, 2, 3, 1)
+    cin, hin, hout = xt.channels, xt.size, ot.size
+    kh, st, up = key.kh, key.stride, key.up
+    pad = kh // 2 if st == 1 else 0
+    bk = ops.BK[precision]
+    w = spec.blobs["w"]
+    w = ops.from_device(w, precision) if precision != "fp32" else w.T
+    k0p = -(-kh * kh * cin // bk) * bk
+    k = np.arange(k0p)
+    tap, c = k // cin, k % cin
+    ky, kx = tap // kh, tap % kh
+    oy, ox = np.meshgrid(np.arange(hout), np.arange(hout), indexing="ij")
+    vy = oy[..., None] * st + ky - pad
+    vx = ox[..., None] * st + kx - pad
+    ok = (tap < kh * kh) & (vy >= 0) & (vy < hin * up) & (vx >= 0) & (vx < hin * up)
+    a = np.where(ok, x[:, np.clip(vy // up, 0, hin - 1), np.clip(vx // up, 0, hin - 1), c], 0.0)
+    out = a @ w[:, :k0p].T
+    if op.residual_conv:
+        r = env[op.residual].transpose(0, 2, 3, 1)
+        out = out + r @ w[:, k0p:k0p + r.shape[-1]].T
+    out = out[..., :ot.channels] + spec.blobs["bias"][:ot.channels]
+    return out.transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("cfg", [UNetConfig(dim=8, image_size=16, dim_mults=(1, 2, 3), time_dim=32), ODD])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_packed_weights_reproduce_every_gemm_conv(cfg, precision):
+    w = W(cfg, seed=1)
+    ex = GpuExecutor(w, precision, batch=2, backend=FakeBackend())
+    ref = Reference(w, np.float64)
+    rng = np.random.default_rng(0)
+    env = ref.time_env(np.array([3, 7]))
+    ref.eps(rng.standard_normal((2, cfg.channels, cfg.image_size, cfg.image_size)), np.array([3, 7]), env)
+    tol = 1e-6 if precision == "fp32" else 3e-2   # fp32 weights vs float64; bf16 weights
+    for spec in ex.specs:
+        if ops.kernel_kind(spec.op, ex.plan) != "gemm":
+            continue
+        op = spec.op
+        plain = op.__class__(CONV, op.out, op.inputs, op.prefix, k=op.k, in_map=op.in_map, norm=op.norm,
+                             residual=op.residual if op.residual_conv else None,
+                             residual_conv=op.residual_conv)
+        want = run_op(plain, env, ref.params, ex.plan)
+        got = emulate(spec, spec.key, env, ex.plan, ref.params, precision)
+        err = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert err < tol, (op.out, err)
+
+
+def test_refuses_a_batch_that_does_not_fit():
+    w = W(UNetConfig())
+    one = GpuExecutor(w, "fp16", batch=1, backend=FakeBackend())
+    need1 = one.arena.nbytes + one._wbuf.nbytes
+    with pytest.raises(ArenaError, match=r"largest batch that fits is \d+"):
+        GpuExecutor(w, "fp16", batch=64, backend=FakeBackend(free=need1 * 3))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_arena_live_tensors_never_share_bytes(batch):
+    ex = GpuExecutor(W(ODD), "fp16", batch=batch, backend=FakeBackend())
+    ex.arena.check_no_overlap()
+    spans = {r: (o, o + n, f, l) for r, (o, n, f, l) in ex.arena.roots.items()}
+    names = sorted(spans)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            oa, ea, fa, la = spans[a]
+            ob, eb, fb, lb = spans[b]
+            if fa <= lb and fb <= la:
+                assert ea <= ob or eb <= oa, (a, b)

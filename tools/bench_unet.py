@@ -1,0 +1,143 @@
+"""Time one U-Net call (64x64 by default) on the GPU: our executor per precision and batch, direct
+launches and CUDA-graph replay, and, when torch is importable, PyTorch eager and
+torch.compile(mode="reduce-overhead") fp16 on the same weights, side by side.
+
+    python tools/bench_unet.py                           # fp32,fp16,bf16 x batch 1,16; torch if present
+    python tools/bench_unet.py --batches 1 --precisions fp16 --iters 500 --no-torch
+
+Timing: CUDA events around `iters` back-to-back calls after `warmup` calls; the figure is the mean
+per call over that window, repeated `repeats` times and the median reported (METHOD: warm up,
+many calls, events, median). Inputs are random (never zeros).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime import models_dir  # noqa: E402
+from runtime.config import UNetConfig  # noqa: E402
+from runtime.gpu.backend import get_backend  # noqa: E402
+from runtime.gpu.executor import GpuExecutor  # noqa: E402
+from runtime.weights import load_weights, random_params  # noqa: E402
+
+
+class RandomWeights:
+    def __init__(self, cfg: UNetConfig, seed: int = 0) -> None:
+        self.config, self.params = cfg, random_params(cfg, seed)
+
+
+def timed(backend, stream, fn, warmup: int, iters: int, repeats: int) -> float:
+    """Median over `repeats` of (event time of `iters` calls) / iters, in ms."""
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    per = []
+    for _ in range(repeats):
+        e0, e1 = backend.event(), backend.event()
+        e0.record(stream)
+        for _ in range(iters):
+            fn()
+        e1.record(stream)
+        e1.synchronize()
+        per.append(e0.elapsed_ms(e1) / iters)
+    return statistics.median(per)
+
+
+def bench_ours(weights, precision: str, batch: int, args, backend) -> dict:
+    t0 = time.perf_counter()
+    ex = GpuExecutor(weights, precision, batch=batch, backend=backend)
+    build_s = time.perf_counter() - t0
+    cfg = ex.config
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
+    ex.eps(x, 50)                                   # uploads x; warms every kernel
+    s, tp = ex.stream, ex.t_row_ptr(50)
+    direct = timed(backend, s, lambda: ex.run(s, tp), args.warmup, args.iters, args.repeats)
+    backend.capture_begin(s)
+    ex.run(s, tp)
+    graph = backend.capture_end(s)
+    replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats)
+    rep = ex.arena_report()
+    ex.close()
+    return {"impl": f"ours {precision}", "batch": batch, "direct_ms": direct, "graph_ms": replay,
+            "launches": ex.launches_per_call, "build_s": build_s, "arena": rep["text"],
+            "arena_bytes": rep["arena_bytes"], "weights_bytes": rep["weights_bytes"]}
+
+
+def bench_torch(weights, batch: int, args) -> list:
+    import torch
+    from tools.torch_unet import SeedUNet, load_numpy_params
+    cfg = weights.config
+    model = SeedUNet(cfg).cuda().eval()
+    load_numpy_params(model, weights.params)
+    model = model.half()
+    x = torch.randn(batch, cfg.channels, cfg.image_size, cfg.image_size, device="cuda", dtype=torch.float16)
+    t = torch.full((batch,), 50, device="cuda", dtype=torch.long)
+    out = []
+    with torch.inference_mode():
+        for name, fn in (("torch eager fp16", model),
+                         ("torch.compile reduce-overhead fp16", torch.compile(model, mode="reduce-overhead"))):
+            t0 = time.perf_counter()
+            for _ in range(3):
+                fn(x, t)                       # compile + CUDA-graph recording happen here
+            torch.cuda.synchronize()
+            warm_s = time.perf_counter() - t0
+            per = []
+            for _ in range(args.repeats):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(args.iters):
+                    fn(x, t)
+                e1.record()
+                e1.synchronize()
+                per.append(e0.elapsed_time(e1) / args.iters)
+            out.append({"impl": name, "batch": batch, "graph_ms": statistics.median(per), "warm_s": warm_s})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--precisions", default="fp32,fp16,bf16", help="our precisions (default: all three)")
+    ap.add_argument("--batches", default="1,16", help="batch sizes (default: 1,16)")
+    ap.add_argument("--iters", type=int, default=200, help="calls per timed window (default: 200)")
+    ap.add_argument("--warmup", type=int, default=20, help="calls before timing (default: 20)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed windows; the median is kept (default: 5)")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--json", default="", help="also write the rows to this JSON file")
+    args = ap.parse_args(argv)
+    backend = get_backend("cupy")
+    path = models_dir() / "seed-unet-emoji64.npz"
+    weights = load_weights(path) if path.is_file() else RandomWeights(UNetConfig())
+    rows = []
+    for b in [int(v) for v in args.batches.split(",")]:
+        for p in args.precisions.split(","):
+            rows.append(bench_ours(weights, p, b, args, backend))
+        if not args.no_torch:
+            try:
+                rows.extend(bench_torch(weights, b, args))
+            except ImportError as e:
+                print(f"torch comparison skipped: {e}")
+    print(f"device: {backend.device_name()}  weights: {'shipped' if path.is_file() else 'random'}")
+    print(f"{'impl':38s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}")
+    for r in rows:
+        d = f"{r['direct_ms']:.3f}" if "direct_ms" in r else "-"
+        print(f"{r['impl']:38s} {r['batch']:5d} {d:>10s} {r['graph_ms']:9.3f} {1000 * r['batch'] / r['graph_ms']:8.0f}")
+    for r in rows:
+        if "launches" in r:
+            print(f"{r['impl']} b{r['batch']}: {r['launches']} launches/call, build {r['build_s']:.1f} s, {r['arena']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
