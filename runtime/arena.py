@@ -30,7 +30,7 @@ class Region:
     ld: int          # pixel stride in elements (NHWC): the root's channel count
     channels: int
     size: int        # H == W (0 for extra regions)
-    nbytes: int      # of the root when this is the root, else of the view's span
+    nbytes: int      # B * channels * H * W * elem of this tensor (a view is strided: its span is wider)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.kind != "linear":
             raise ConfigError(f"schedule.kind {self.kind!r} is not supported (only 'linear')")
-        if int(self.timesteps) != self.timesteps or self.timesteps < 2:
+        if type(self.timesteps) is not int or self.timesteps < 2:
             raise ConfigError(f"schedule.timesteps must be an integer >= 2, got {self.timesteps!r}")
         if not 0.0 < self.beta_start < self.beta_end:
             raise ConfigError(f"schedule needs 0 < beta_start < beta_end, got {self.beta_start}, {self.beta_end}")
@@ -42,7 +42,11 @@ class UNetConfig:
 
     def __post_init__(self) -> None:
         # Accept lists from JSON but store tuples so the config stays hashable.
-        object.__setattr__(self, "dim_mults", tuple(int(m) for m in self.dim_mults))
+        if isinstance(self.dim_mults, (str, bytes)) or not hasattr(self.dim_mults, "__iter__"):
+            raise ConfigError(f"dim_mults must be a list of integers, got {self.dim_mults!r}")
+        if any(type(m) is not int for m in self.dim_mults):
+            raise ConfigError(f"dim_mults must be integers, got {list(self.dim_mults)}")
+        object.__setattr__(self, "dim_mults", tuple(self.dim_mults))
         if self.arch != ARCH:
             raise ConfigError(f"arch {self.arch!r} is not supported (only {ARCH!r})")
         for name in ("image_size", "channels", "dim", "convnext_mult", "time_dim"):

@@ -93,7 +93,7 @@ def make_steps(schedule: Schedule, sampler: str = "ddpm", n_steps: Optional[int]
                              "use --sampler ddim for fewer steps")
         return ddpm_steps(schedule)
     if sampler == "ddim":
-        return ddim_steps(schedule, n_steps or schedule.timesteps, eta)
+        return ddim_steps(schedule, schedule.timesteps if n_steps is None else n_steps, eta)
     raise UsageError(f"unknown sampler {sampler!r} (choose from {', '.join(SAMPLERS)})")
 
 
@@ -101,7 +101,8 @@ def p_sample(x: np.ndarray, eps: np.ndarray, step: Step, z: Optional[np.ndarray]
     """(S) in float64, stored back as float32: the host side of every backend."""
     out = step.c_x * x.astype(np.float64) + step.c_eps * eps.astype(np.float64)
     if step.sigma > 0:
-        assert z is not None, "a step with sigma > 0 needs noise"
+        if z is None:
+            raise ValueError(f"step t={step.t} has sigma > 0 and needs noise z")
         out += step.sigma * z.astype(np.float64)
     return out.astype(np.float32)
 

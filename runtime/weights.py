@@ -118,7 +118,10 @@ def load_weights(path: PathLike) -> Weights:
     if not os.path.isfile(spath):
         raise WeightsFileError(spath, "no such file")
     try:
-        with np.load(spath, allow_pickle=False) as npz:
+        npz = np.load(spath, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):   # a plain .npy loads as one array
+            raise WeightsFileError(spath, "not an .npz archive (a single .npy array?)")
+        with npz:
             manifest = _read_manifest(spath, npz)
             arrays = {name: npz[name] for name in npz.files if name != MANIFEST_KEY}
     except WeightsError:
@@ -148,7 +151,8 @@ def _read_manifest(path: str, npz: Any) -> Dict[str, Any]:
         raise WeightsFormatError(path, f"manifest is not valid JSON: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise WeightsFormatError(path, f"manifest format is not {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    version = manifest.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:   # JSON true == 1 in Python
         raise WeightsFormatError(path, f"format version {manifest.get('format_version')!r} is not "
                                        f"supported (this runtime reads version {FORMAT_VERSION})")
     return manifest

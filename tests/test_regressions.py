@@ -1,8 +1,4 @@
-"""Bugs found in runtime/ while writing the CPU suite. Each test FAILS on the current code.
-
-These tests are kept out of the other files on purpose, for the lead to review (and fix the code,
-not the tests). Once a fix lands, the test can move next to its subject.
-"""
+"""Regression tests for bugs found in runtime/ while writing the CPU suite (all fixed)."""
 from __future__ import annotations
 
 import json
