@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from .errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
-from .pipeline import BACKEND_CHOICES, PRECISIONS, default_weights_path
+from .pipeline import BACKEND_CHOICES, DEFAULT_GPU_MODE, MODES, PRECISIONS, default_weights_path
 
 PROG = "jetson-sample"
 
@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: CuPy GPU when usable, else NumPy with a notice")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto: fp16 on the GPU, fp32 on the CPU")
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help=f"GPU sampling: gpu (p_sample kernel, CUDA-graph steps), cpu (p_sample on the CPU, "
+                        f"overlapped); auto = {DEFAULT_GPU_MODE}")
+    p.add_argument("--no-graphs", action="store_true", help="gpu mode without CUDA graphs (plain launches)")
+    p.add_argument("--trace", metavar="JSON", default=None,
+                   help="write a Chrome/Perfetto timeline of the GPU streams and the CPU (GPU backends)")
     p.add_argument("--nrow", type=int, default=0, help="images per grid row (0: square-ish)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -103,6 +109,9 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     check_output(out)
     each = Path(args.save_each) if args.save_each else None
+    trace = Path(args.trace) if args.trace else None
+    if trace is not None:
+        check_output(trace, ".json")
     if each is not None and not (each.is_dir() and os.access(each, os.W_OK)):
         raise UsageError(f"--save-each folder {each} does not exist or is not writable")
     if args.weights == str(default_weights_path()) and not Path(args.weights).is_file():
@@ -113,15 +122,22 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
     from .weights import load_weights
     weights = load_weights(args.weights)     # validate everything before any long work
     n_steps = len(make_steps(weights.config.schedule, args.sampler, args.steps, args.eta))
-    with Pipeline(weights, backend=args.backend, precision=args.precision) as pipe:
+    with Pipeline(weights, backend=args.backend, precision=args.precision, mode=args.mode,
+                  graphs=not args.no_graphs) as pipe:
+        timeline = None
+        if trace is not None and pipe.backend != "numpy":
+            from .trace import Timeline
+            timeline = Timeline(_backend_of(pipe))
         bar, cb = _progress(args.quiet, n_steps)
         t0 = time.perf_counter()
         try:
-            images = pipe.sample(args.batch, args.steps, args.sampler, args.eta, args.seed, cb)
+            images = pipe.sample(args.batch, args.steps, args.sampler, args.eta, args.seed, cb, timeline)
         finally:
             if bar is not None:
                 bar.close()
         dt = time.perf_counter() - t0
+        if timeline is not None:
+            timeline.write(trace, {"batch": args.batch, "mode": pipe.mode, "precision": pipe.precision})
     write_png(out, make_grid(images, args.nrow))
     if each is not None:
         for i, img in enumerate(images):
@@ -129,6 +145,11 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"wrote {out} ({args.batch} images, {n_steps} steps, {pipe.backend} {pipe.precision}, "
           f"{dt:.2f} s, {dt / args.batch:.2f} s/image)", file=sys.stderr)
     return 0
+
+
+def _backend_of(pipe) -> object:
+    from .gpu.backend import get_backend
+    return get_backend(pipe.backend)
 
 
 def weights_main(argv: Optional[Sequence[str]] = None) -> int:

@@ -26,6 +26,8 @@ PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp64")
 NUMPY_PRECISIONS = {"fp32": np.float32, "fp64": np.float64}
 GPU_PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_MODEL = "seed-unet-emoji64.npz"
+MODES = ("auto", "gpu", "cpu")
+DEFAULT_GPU_MODE = "gpu"     # chosen by measurement: see the README's performance section
 
 Callback = Callable[[int, int], None]
 
@@ -42,7 +44,12 @@ def _stderr_notice(msg: str) -> None:
 
 class Pipeline:
     def __init__(self, weights: Union[str, Path, Weights, None] = None, backend: str = "auto",
-                 precision: str = "auto", notice: Callable[[str], None] = _stderr_notice) -> None:
+                 precision: str = "auto", mode: str = "auto", graphs: bool = True,
+                 notice: Callable[[str], None] = _stderr_notice) -> None:
+        if mode not in MODES:
+            raise UsageError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
+        self.mode = DEFAULT_GPU_MODE if mode == "auto" else mode
+        self.graphs = bool(graphs)
         if backend not in BACKEND_CHOICES:
             raise UsageError(f"unknown backend {backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
         if precision not in PRECISIONS:
@@ -61,10 +68,9 @@ class Pipeline:
         if backend in ("auto", "cupy") and precision != "fp64":
             gpu_precision = "fp16" if precision == "auto" else precision
             try:
-                from .gpu.executor import GpuExecutor  # noqa: WPS433 (optional, needs CuPy)
                 from .gpu.backend import get_backend
                 get_backend("cupy")
-                self._gpu_cls, self._gpu_precision = GpuExecutor, gpu_precision
+                self._gpu_precision = gpu_precision
                 return "cupy", gpu_precision
             except (BackendUnavailable, ImportError) as e:
                 if backend == "cupy":
@@ -77,17 +83,18 @@ class Pipeline:
         self._engine = Reference(self.weights, NUMPY_PRECISIONS[np_precision])
         return "numpy", np_precision
 
-    def _eps_fn(self, batch: int):
-        if self.backend == "numpy":
-            return self._engine.eps
+    def _gpu_sampler(self, batch: int):
+        """One GpuSampler kept per batch size (its arena, graph and tables are reused)."""
         if self._engine is None or self._engine.batch != batch:
             if self._engine is not None:
                 self._engine.close()
-            self._engine = self._gpu_cls(self.weights, precision=self._gpu_precision, batch=batch)
-        return self._engine.eps
+                self._engine = None
+            from .gpu.sampling import GpuSampler
+            self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs)
+        return self._engine
 
     def sample(self, batch: int = 1, steps: Optional[int] = None, sampler: str = "ddpm", eta: float = 0.0,
-               seed: int = 0, callback: Optional[Callback] = None) -> np.ndarray:
+               seed: int = 0, callback: Optional[Callback] = None, timeline: Any = None) -> np.ndarray:
         """Generate `batch` images; returns uint8 (B, H, W, C)."""
         if batch < 1:
             raise UsageError(f"batch must be >= 1, got {batch}")
@@ -97,7 +104,10 @@ class Pipeline:
         with self._lock:
             if self._closed:
                 raise UsageError("this Pipeline is closed")
-            x0 = sample_loop(self._eps_fn(batch), shape, plan, seed, callback)
+            if self.backend == "numpy":
+                x0 = sample_loop(self._engine.eps, shape, plan, seed, callback)
+            else:
+                x0 = self._gpu_sampler(batch).run(plan, seed, callback, timeline)
         return to_uint8(x0)
 
     _closed = False

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from .. import kernels_dir
 from ..errors import KernelCompileError
 
-SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu")
+SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "sample.cu")
 DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16")}
 MIN_TC_ARCH = 80   # mma.sync.m16n8k16 with bf16 and the cvt.*.bf16 conversions need sm_80+
 

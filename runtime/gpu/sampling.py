@@ -1,0 +1,243 @@
+"""The sampling loop on the GPU, overlapped with streams and events. Two modes:
+
+cpu (the seed design): each step runs the U-Net on a compute stream, copies eps to pinned memory on
+    the copy stream, runs `schedule.p_sample` on the CPU in NumPy (the reference's code and noise
+    stream, so images match the reference for a seed) and uploads x for the next step. For batch
+    >= 2 the batch is split into two halves in ping-pong: the GPU runs one half's U-Net while the
+    CPU samples the other. The next step's time-dependent work costs nothing per step: the time
+    biases of all T timesteps are computed once per load (see executor.py).
+gpu (beyond the seeds): p_sample is a kernel; the noise is drawn on the CPU from the same seeded
+    stream and uploaded in chunks on the copy stream while earlier steps run; one CUDA graph holds
+    a whole step (U-Net + p_sample + advance) and is replayed for every step, because the kernels
+    read the step number from device memory. Images equal the cpu mode's up to fp32 rounding.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import Cancelled, RuntimeErrorBase, UsageError
+from ..schedule import NoiseStream, Step, p_sample
+from ..trace import Timeline
+from .executor import GpuExecutor
+
+MODES = ("gpu", "cpu")
+NOISE_CHUNK = 8            # steps of noise per upload in gpu mode
+Callback = Callable[[int, int], None]
+
+
+class GpuRunError(RuntimeErrorBase):
+    """A CUDA error while sampling (surfaced at the next synchronization point)."""
+
+
+def nchw_to_nhwc(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+class GpuSampler:
+    """Owns the executors (one, or two half-batch ones in cpu ping-pong) and their streams."""
+
+    def __init__(self, weights: Any, precision: str, batch: int, mode: str = "gpu", graphs: bool = True,
+                 backend: Any = None) -> None:
+        if mode not in MODES:
+            raise UsageError(f"unknown GPU sampling mode {mode!r} (choose from {', '.join(MODES)})")
+        from .backend import get_backend
+        self.backend = backend or get_backend("cupy")
+        self.mode, self.batch, self.graphs, self.precision = mode, int(batch), bool(graphs), precision
+        halves = [batch] if mode == "gpu" or batch < 2 else [batch - batch // 2, batch // 2]
+        self.executors = [GpuExecutor(weights, precision, b, self.backend) for b in halves]
+        self.config = weights.config
+        self.compute = [self.backend.stream() for _ in halves]
+        self.copy = self.backend.stream()
+        self._graph: Any = None
+        self._tables: Any = None
+        self.last_stats: dict = {}
+
+    # ---- shared ------------------------------------------------------------------------------------
+    @property
+    def image_elems(self) -> int:
+        c = self.config
+        return c.channels * c.image_size * c.image_size
+
+    def _sync(self, event: Any, step: int) -> None:
+        try:
+            event.synchronize()
+        except Exception as e:   # a CUDA error from any earlier launch surfaces here
+            raise GpuRunError(f"GPU error at step {step}: {type(e).__name__}: {e}") from None
+
+    def close(self) -> None:
+        for s in self.compute + [self.copy]:
+            try:
+                s.synchronize()
+            except Exception:
+                pass
+        for ex in self.executors:
+            ex.close()
+        if self._tables is not None:
+            self._tables.free()
+            self._tables = None
+        self.executors, self._graph = [], None
+
+    def run(self, steps: Sequence[Step], seed: int, callback: Optional[Callback] = None,
+            timeline: Optional[Timeline] = None) -> np.ndarray:
+        """x_0 as float32 (B, C, H, W)."""
+        if not self.executors:
+            raise UsageError("this GpuSampler is closed")
+        tl = timeline or Timeline(self.backend, enabled=False)
+        tl.start(self.compute[0])
+        try:
+            if self.mode == "cpu":
+                return self._run_cpu(list(steps), seed, callback, tl)
+            return self._run_gpu(list(steps), seed, callback, tl)
+        except BaseException:
+            for s in self.compute + [self.copy]:   # leave no work in flight on buffers we may free
+                try:
+                    s.synchronize()
+                except Exception:
+                    pass
+            raise
+
+    # ---- cpu mode -------------------------------------------------------------------------------------
+    def _run_cpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline) -> np.ndarray:
+        be, exs = self.backend, self.executors
+        c = self.config
+        noise = NoiseStream(seed, (self.batch, c.channels, c.image_size, c.image_size))
+        xs = np.array_split(noise.draw(), len(exs))
+        cut = np.cumsum([ex.batch for ex in exs])[:-1]
+        pin_x = [be.pinned((ex.batch, c.image_size, c.image_size, c.channels), np.float32) for ex in exs]
+        pin_e = [be.pinned(p.shape, np.float32) for p in pin_x]
+        ev_up = [be.event(timing=False) for _ in exs]
+        ev_eps = [be.event(timing=False) for _ in exs]
+        ev_down = [be.event(timing=False) for _ in exs]
+        spans: List[Any] = []
+
+        def launch(h: int, s: int) -> None:   # upload x_h, U-Net step s, download eps_h
+            ex = exs[h]
+            pin_x[h][...] = nchw_to_nhwc(xs[h])
+            be.h2d(ex.x_ptr, pin_x[h], self.copy)
+            ev_up[h].record(self.copy)
+            be.wait(self.compute[h], ev_up[h])
+            e0, e1 = tl.gpu_span(f"compute {h}", f"unet {s}", self.compute[h])
+            ex.run(self.compute[h], ex.t_row_ptr(steps[s].t))
+            if e1 is not None:
+                e1.record(self.compute[h])
+                spans.append((e0, e1))
+            ev_eps[h].record(self.compute[h])
+            be.wait(self.copy, ev_eps[h])
+            be.d2h(pin_e[h], ex.eps_ptr, self.copy)
+            ev_down[h].record(self.copy)
+
+        for h in range(len(exs)):
+            launch(h, 0)
+        for s, st in enumerate(steps):
+            z = noise.draw() if st.sigma > 0 else None   # drawn while the GPU runs step s
+            zs = np.split(z, cut) if z is not None else [None] * len(exs)
+            for h in range(len(exs)):
+                self._sync(ev_down[h], s)
+                t0 = time.perf_counter()
+                eps = pin_e[h].transpose(0, 3, 1, 2)
+                xs[h] = p_sample(xs[h], eps, st, zs[h])
+                tl.cpu_span(f"p_sample {s}.{h}", t0, time.perf_counter())
+                if s + 1 < len(steps):
+                    launch(h, s + 1)
+            if cb is not None:
+                cb(s, len(steps))
+        self.last_stats = {"unet_ms": [e0.elapsed_ms(e1) for e0, e1 in spans]} if spans else {}
+        return np.concatenate(xs, axis=0)
+
+    # ---- gpu mode -------------------------------------------------------------------------------------
+    def _prepare_gpu(self) -> None:
+        """Device tables + the step graph; once per sampler (any sampler / step count <= T)."""
+        ex, be, T = self.executors[0], self.backend, self.config.timesteps
+        n = self.batch * self.image_elems
+        sizes = {"coef": 12 * T, "noise_row": 4 * T, "t_of_step": 4 * T, "counter": 4, "noise": 4 * n * T}
+        offs, total = {}, 0
+        for k, v in sizes.items():
+            offs[k] = total
+            total += -(-v // 256) * 256
+        self._tables = be.alloc(total)
+        self._off = {k: self._tables.ptr + o for k, o in offs.items()}
+        mod = ex.kernels.module
+        self._p_sample, self._advance = mod.get("p_sample_f32"), mod.get("advance_step")
+        self._host_noise = be.pinned((T, n), np.float32)
+        self._host_tab = {"coef": be.pinned((T, 3), np.float32), "noise_row": be.pinned((T,), np.int32),
+                          "t_of_step": be.pinned((T,), np.int32), "counter": be.pinned((1,), np.int32)}
+        if self.graphs:
+            s = self.compute[0]
+            be.capture_begin(s)
+            self._enqueue_step(s)
+            self._graph = be.capture_end(s)
+
+    def _enqueue_step(self, stream: Any) -> None:
+        ex, o = self.executors[0], self._off
+        n = self.batch * self.image_elems
+        ex.run(stream, ex.t_idx_ptr)
+        grid = (min(-(-n // 256), 1024), 1, 1)
+        self._p_sample.launch(grid, (256, 1, 1), (np.uint64(ex.x_ptr), np.uint64(ex.eps_ptr), np.uint64(o["noise"]),
+                              np.uint64(o["coef"]), np.uint64(o["noise_row"]), np.uint64(o["counter"]),
+                              np.int64(n)), 0, stream)
+        self._advance.launch((1, 1, 1), (32, 1, 1), (np.uint64(o["counter"]), np.uint64(ex.t_idx_ptr),
+                             np.uint64(o["t_of_step"]), np.int32(self.batch), np.int32(self.config.timesteps)),
+                             0, stream)   # T, not this run's step count: the graph serves every run
+
+    def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline) -> np.ndarray:
+        if self._tables is None:
+            self._prepare_gpu()
+        be, ex, s0 = self.backend, self.executors[0], self.compute[0]
+        c, n = self.config, self.batch * self.image_elems
+        noise = NoiseStream(seed, (self.batch, c.channels, c.image_size, c.image_size))
+        x_nhwc = nchw_to_nhwc(noise.draw())
+        tab = self._host_tab
+        rows = np.cumsum([st.sigma > 0 for st in steps]) - 1
+        tab["coef"][:len(steps)] = [(st.c_x, st.c_eps, st.sigma) for st in steps]
+        tab["noise_row"][:len(steps)] = [r if st.sigma > 0 else -1 for r, st in zip(rows, steps)]
+        tab["t_of_step"][:len(steps)] = [st.t for st in steps]
+        tab["counter"][0] = 0
+        for k, host in tab.items():
+            be.h2d(self._off[k], host, s0)
+        pin_x = ex._host_x
+        pin_x[...] = x_nhwc
+        be.h2d(ex.x_ptr, pin_x, s0)
+        pin_t = ex._host_t
+        pin_t[...] = steps[0].t
+        be.h2d(ex.t_idx_ptr, pin_t, s0)
+        done = [be.event(timing=False) for _ in steps]
+        drawn = 0
+        for s, st in enumerate(steps):
+            if st.sigma > 0 and rows[s] >= drawn:   # next chunk of noise: draw, upload, make s0 wait
+                drawn = self._upload_noise(noise, steps, s, rows, drawn, s0)
+            e0, e1 = tl.gpu_span("compute 0", f"step {s}", s0)
+            if self._graph is not None:
+                self._graph.launch(s0)
+            else:
+                self._enqueue_step(s0)
+            if e1 is not None:
+                e1.record(s0)
+            done[s].record(s0)
+            if s >= 1:    # keep at most two steps queued: progress and cancel within one step
+                self._sync(done[s - 1], s - 1)
+                if cb is not None:
+                    cb(s - 1, len(steps))
+        self._sync(done[-1], len(steps) - 1)
+        if cb is not None:
+            cb(len(steps) - 1, len(steps))
+        be.d2h(pin_x, ex.x_ptr, s0)
+        s0.synchronize()
+        return np.ascontiguousarray(pin_x.transpose(0, 3, 1, 2)).copy()
+
+    def _upload_noise(self, noise: NoiseStream, steps: List[Step], s: int, rows: np.ndarray, drawn: int,
+                      s0: Any) -> int:
+        """Draw the next NOISE_CHUNK noisy steps (spec order), upload them on the copy stream."""
+        be, n = self.backend, self.batch * self.image_elems
+        last = min(drawn + NOISE_CHUNK, int(rows[-1]) + 1 if len(rows) else 0)
+        t0 = time.perf_counter()
+        for r in range(drawn, last):
+            self._host_noise[r] = nchw_to_nhwc(noise.draw()).reshape(-1)
+        chunk = self._host_noise[drawn:last]
+        be.h2d(self._off["noise"] + 4 * n * drawn, chunk, self.copy)
+        ev = be.event(timing=False)
+        ev.record(self.copy)
+        be.wait(s0, ev)
+        return last

@@ -1,0 +1,135 @@
+"""The GPU sampling pipeline: cpu and gpu modes against the reference loop, graphs, cancel, threads."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import report
+from runtime import models_dir
+from runtime.config import UNetConfig
+from runtime.errors import Cancelled
+from runtime.gpu.sampling import GpuSampler
+from runtime.pipeline import Pipeline
+from runtime.reference import Reference
+from runtime.schedule import make_steps, sample_loop
+from runtime.trace import Timeline
+from runtime.weights import Weights, random_params
+
+# x_0 after a whole run, relative L2 against the NumPy loop on the same noise. fp32: the U-Net's
+# 1e-4 per call stays of that order through the steps (each step contracts errors by c_x ~ 1);
+# the two GPU modes differ only by where p_sample rounds (fp32 kernel vs float64 NumPy).
+RUN_TOL_FP32 = 1e-3
+MODE_TOL = {"fp32": 1e-4, "fp16": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def weights():
+    from runtime.weights import load_weights
+    path = models_dir() / "seed-unet-emoji64.npz"
+    if path.is_file():
+        return load_weights(path)
+    cfg = UNetConfig()
+    return Weights("random", cfg, random_params(cfg, 4), {"param_dtype": "float32"})
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
+def test_modes_match_reference_loop(backend, weights, mode):
+    steps = make_steps(weights.config.schedule, "ddim", 6, eta=1.0)   # eta 1: noise on every step
+    ref = Reference(weights, np.float32)
+    shape = (3, 3, weights.config.image_size, weights.config.image_size)
+    want = sample_loop(ref.eps, shape, steps, seed=11)
+    s = GpuSampler(weights, "fp32", 3, mode=mode, backend=backend)
+    try:
+        got = s.run(steps, seed=11)
+    finally:
+        s.close()
+    err = rel(got, want)
+    report(f"sampling {mode} fp32 b3 ddim6 eta1 vs numpy loop: rel L2 {err:.2e}")
+    assert got.shape == want.shape and np.isfinite(got).all()
+    assert err < RUN_TOL_FP32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_gpu_mode_equals_cpu_mode_ddpm(backend, weights, precision):
+    steps = make_steps(weights.config.schedule, "ddpm")
+    out = {}
+    for mode in ("cpu", "gpu"):
+        s = GpuSampler(weights, precision, 2, mode=mode, backend=backend)
+        try:
+            out[mode] = s.run(steps, seed=5)
+        finally:
+            s.close()
+    err = rel(out["gpu"], out["cpu"])
+    report(f"sampling ddpm {precision} b2 gpu vs cpu mode: rel L2 {err:.2e}")
+    assert err < MODE_TOL[precision]
+
+
+@pytest.mark.gpu
+def test_graph_and_plain_launches_identical_and_reusable(backend, weights):
+    steps = make_steps(weights.config.schedule, "ddim", 5, eta=0.5)
+    res = []
+    for graphs in (True, False):
+        s = GpuSampler(weights, "fp16", 2, mode="gpu", graphs=graphs, backend=backend)
+        try:
+            res.append(s.run(steps, seed=3))
+            res.append(s.run(steps, seed=3))   # the graph and tables are reused
+        finally:
+            s.close()
+    for r in res[1:]:
+        assert np.array_equal(res[0], r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
+def test_cancel_stops_within_one_step(backend, weights, mode):
+    seen = []
+
+    def cb(i, n):
+        seen.append(i)
+        if i == 3:
+            raise Cancelled("stop")
+
+    steps = make_steps(weights.config.schedule, "ddpm")
+    s = GpuSampler(weights, "fp16", 2, mode=mode, backend=backend)
+    try:
+        with pytest.raises(Cancelled):
+            s.run(steps, seed=1, callback=cb)
+        again = s.run(make_steps(weights.config.schedule, "ddim", 3), seed=1)   # still usable
+    finally:
+        s.close()
+        s.close()   # twice is fine
+    assert seen == [0, 1, 2, 3]
+    assert np.isfinite(again).all()
+
+
+@pytest.mark.gpu
+def test_pipeline_threads_serialize_and_trace(backend, weights, tmp_path):
+    results = {}
+    with Pipeline(weights, backend="cupy", precision="fp16") as pipe:
+        solo = pipe.sample(batch=2, sampler="ddim", steps=4, seed=9)
+
+        def work(k):
+            results[k] = pipe.sample(batch=2, sampler="ddim", steps=4, seed=9)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        tl = Timeline(backend)
+        pipe.sample(batch=1, sampler="ddim", steps=3, seed=2, timeline=tl)
+        tl.write(tmp_path / "t.json")
+    for k in range(2):
+        assert np.array_equal(results[k], solo)
+    doc = json.loads((tmp_path / "t.json").read_text())
+    names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert names == ["step 0", "step 1", "step 2"]

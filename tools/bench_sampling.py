@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""End-to-end sampling benchmark: one 100-step 64x64 DDPM image, our modes vs PyTorch, one run.
+
+    python tools/bench_sampling.py --batch 1 16 --precision fp16 --json out.json
+
+For each batch: our GPU mode with CUDA graphs, without graphs, and the CPU p_sample mode; then,
+when torch is importable, PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on
+the same weights and the same noise (their loop runs the same affine step on the GPU with all
+noise uploaded before the clock starts, which favours them). Setup (compile + weight upload) is
+reported separately and excluded from the per-image figures. Each figure is the median of
+--repeat timed runs after one warm-up run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from runtime import models_dir  # noqa: E402
+from runtime.gpu.backend import get_backend  # noqa: E402
+from runtime.gpu.sampling import GpuSampler  # noqa: E402
+from runtime.schedule import NoiseStream, make_steps  # noqa: E402
+from runtime.trace import Timeline  # noqa: E402
+from runtime.weights import load_weights  # noqa: E402
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR of two x_0 arrays mapped to [0, 1] as the image out does."""
+    ia, ib = np.clip((a + 1) / 2, 0, 1), np.clip((b + 1) / 2, 0, 1)
+    mse = float(np.mean((ia - ib) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
+
+def time_ours(weights, steps, batch, precision, mode, graphs, repeat, seed):
+    t0 = time.perf_counter()
+    s = GpuSampler(weights, precision, batch, mode=mode, graphs=graphs)
+    setup = time.perf_counter() - t0
+    try:
+        x0 = s.run(steps, seed)                              # warm-up (graph capture, pinned buffers)
+        walls = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            x0 = s.run(steps, seed)
+            walls.append(time.perf_counter() - t0)
+        tl = Timeline(s.backend)                             # one traced run for the step breakdown
+        s.run(steps, seed, timeline=tl)
+        ev = [e for e in tl.events() if e.get("ph") == "X"]
+        gpu = [e["dur"] for e in ev if e["name"].startswith(("step", "unet"))]
+        cpu = [e["dur"] for e in ev if e["name"].startswith("p_sample")]
+        wall = statistics.median(walls)
+        stats = {"setup_s": setup, "wall_s": wall, "s_per_image": wall / batch, "images_per_s": batch / wall,
+                 "gpu_ms_per_step": sum(gpu) / 1e3 / len(steps), "cpu_p_sample_ms_per_step": sum(cpu) / 1e3 / len(steps),
+                 "launches_per_unet": s.executors[0].launches_per_call}
+        stats["gpu_busy_fraction"] = min(1.0, stats["gpu_ms_per_step"] * len(steps) / 1e3 / wall)
+        return x0, stats
+    finally:
+        s.close()
+
+
+def time_torch(weights, steps, batch, seed, compiled, repeat):
+    import torch
+    from torch_unet import SeedUNet, load_numpy_params
+    cfg = weights.config
+    model = SeedUNet(cfg)
+    load_numpy_params(model, {k: v.astype(np.float32) for k, v in weights.params.items()})
+    model = model.cuda().half().eval()
+    fn = torch.compile(model, mode="reduce-overhead") if compiled else model
+    shape = (batch, cfg.channels, cfg.image_size, cfg.image_size)
+    noise = NoiseStream(seed, shape)
+    x_t = torch.from_numpy(noise.draw()).cuda()
+    zs = [torch.from_numpy(z).cuda() if z is not None else None for z in noise.for_steps(steps)]
+    ts = [torch.full((batch,), st.t, dtype=torch.long, device="cuda") for st in steps]
+
+    def loop():
+        x = x_t.clone()
+        with torch.inference_mode():
+            for st, z, t in zip(steps, zs, ts):
+                eps = fn(x.half(), t).float()
+                x = st.c_x * x + st.c_eps * eps
+                if z is not None:
+                    x = x + st.sigma * z
+        torch.cuda.synchronize()
+        return x
+
+    for _ in range(2 if compiled else 1):   # compile + graph recording happen in the warm-ups
+        loop()
+    walls = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        x = loop()
+        walls.append(time.perf_counter() - t0)
+    wall = statistics.median(walls)
+    return x.cpu().numpy(), {"wall_s": wall, "s_per_image": wall / batch, "images_per_s": batch / wall}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weights", default=str(models_dir() / "seed-unet-emoji64.npz"))
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    weights = load_weights(args.weights)
+    steps = make_steps(weights.config.schedule, "ddpm")
+    be = get_backend("cupy")
+    rows, results = [], {"device": be.device_name(), "precision": args.precision, "steps": len(steps), "runs": []}
+    for b in args.batch:
+        ref = None
+        for name, mode, graphs in (("ours gpu+graph", "gpu", True), ("ours gpu", "gpu", False), ("ours cpu", "cpu", False)):
+            x0, st = time_ours(weights, steps, b, args.precision, mode, graphs, args.repeat, args.seed)
+            ref = x0 if ref is None else ref
+            st["psnr_vs_first_db"] = psnr(x0, ref)
+            rows.append((b, name, st))
+        if not args.no_torch:
+            try:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+                for name, compiled in (("torch eager fp16", False), ("torch.compile ro fp16", True)):
+                    x0, st = time_torch(weights, steps, b, args.seed, compiled, args.repeat)
+                    st["psnr_vs_first_db"] = psnr(x0, ref)
+                    rows.append((b, name, st))
+            except ImportError as e:
+                print(f"torch peers skipped: {e}", file=sys.stderr)
+    print(f"device {results['device']}, {len(steps)}-step DDPM, {args.precision}, median of {args.repeat}")
+    print(f"{'batch':>5} {'runner':<22} {'s/image':>9} {'img/s':>8} {'GPU ms/step':>11} {'CPU ms/step':>11} "
+          f"{'busy':>5} {'setup s':>7} {'PSNR':>6}")
+    for b, name, st in rows:
+        print(f"{b:>5} {name:<22} {st['s_per_image']:>9.4f} {st['images_per_s']:>8.1f} "
+              f"{st.get('gpu_ms_per_step', float('nan')):>11.3f} {st.get('cpu_p_sample_ms_per_step', float('nan')):>11.3f} "
+              f"{st.get('gpu_busy_fraction', float('nan')):>5.2f} {st.get('setup_s', float('nan')):>7.2f} "
+              f"{st['psnr_vs_first_db']:>6.1f}")
+        results["runs"].append({"batch": b, "runner": name, **st})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
