@@ -16,8 +16,9 @@
 //   partials of the stored tensor for the next conv's norm (one StatPartial per CTA).
 // GATE epilogue (BN >= N, one CTA row): s = psi . relu(acc + bias); out = sigmoid(s + psi_b) * skip.
 //
-// Launch: grid (ceil(M/BM), ceil(N/BN), B), block 32*WM*WN, dynamic smem 8*Cin bytes when
-//   normalized. Weights: 16-bit: [Npad][ldw] (k contiguous); fp32: [Kpad][ldw = Npad].
+// Launch: grid (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN, dynamic smem 8*Cin bytes when
+//   normalized. splits > 1 (small-M layers at small batch): split-K over CTAs with an fp32
+//   workspace and per-tile arrival counters (zeroed once at upload, re-armed by the kernel). Weights: 16-bit: [Npad][ldw] (k contiguous); fp32: [Kpad][ldw = Npad].
 // Compute: fp16/bf16 mma.sync.m16n8k16 (fp32 accumulate) from ldmatrix fragments, BK = 32;
 //   fp32 FFMA with a TMxTN register tile per thread, BK = 16. Register-staged double buffering.
 // Reference: runtime.reference.run_conv / run_gate.
@@ -31,11 +32,11 @@ extern __shared__ __align__(16) float dyn_smem[];
     int tb_stride, const int *t_idx, const float *gn_w, const float *gn_b,                    \
     const float4 *gn_part, int gn_P, float gn_eps, const void *res_, int ldres, void *out_,   \
     int Hout, int Wout, int N, int ldo, float4 *st_part, int act, const float *psi_w,         \
-    float psi_b
+    float psi_b, int splits, float *ws, int *counters
 #define CONV_ARGS                                                                            \
     x_, Hin, Win, Cin, ldx, xr_, Cr, ldr, w_, ldw, nk0, nk1, bias, tbias, tb_stride, t_idx,   \
     gn_w, gn_b, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act,   \
-    psi_w, psi_b
+    psi_w, psi_b, splits, ws, counters
 
 template <class D, int BM, int BN, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE>
 __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
@@ -58,7 +59,10 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_, *res = (const S *)res_;
     S *out = (S *)out_;
     const int tid = threadIdx.x, b = blockIdx.z;
-    const int M = Hout * Wout, m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    // split-K: grid.x = m-tiles * splits; split `sk` owns k-tiles [kb, ke) of the nk0 + nk1
+    const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;
+    const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
+    const int m0 = mt * BM, n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
     float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
 
@@ -232,15 +236,46 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
         }
     };
 
-    const int nk = nk0 + nk1;
-    load_a(0); load_b(0); store_a(0); store_b(0);
+    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits;
+    load_a(kb); load_b(kb); store_a(0); store_b(0);
     __syncthreads();
-    for (int kt = 0; kt < nk; ++kt) {
-        const int cur = kt & 1;
-        if (kt + 1 < nk) { load_a(kt + 1); load_b(kt + 1); }   // in flight during the MMAs
+    for (int kt = kb; kt < ke; ++kt) {
+        const int cur = (kt - kb) & 1;
+        if (kt + 1 < ke) { load_a(kt + 1); load_b(kt + 1); }   // in flight during the MMAs
         compute(cur);
-        if (kt + 1 < nk) { store_a(cur ^ 1); store_b(cur ^ 1); }
+        if (kt + 1 < ke) { store_a(cur ^ 1); store_b(cur ^ 1); }
         __syncthreads();   // one barrier: the other buffer was last read before the previous one
+    }
+
+    // ---- split-K: every split stores its partial tile; the last to arrive (per-tile counter) sums
+    // all of them in split order (deterministic) and runs the epilogue; it re-arms the counter, so
+    // the next launch or CUDA-graph replay starts from zero. Partials stay in per-thread order.
+    if (splits > 1) {
+        constexpr int NACC = (TC ? MF * NF * 4 : TM * TN);
+        const int tile = (b * gridDim.y + blockIdx.y) * mtiles + mt;
+        float *wt_tile = ws + (size_t)tile * splits * NT * NACC;
+        float *flat = &acc[0][0][0];
+#pragma unroll
+        for (int i = 0; i < NACC; i += 4)
+            *reinterpret_cast<float4 *>(wt_tile + ((size_t)sk * NACC + i) * NT + tid * 4) =
+                make_float4(flat[i], flat[i + 1], flat[i + 2], flat[i + 3]);
+        __threadfence();
+        __syncthreads();
+        __shared__ int last;
+        if (tid == 0) last = atomicAdd(&counters[tile], 1) == splits - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) flat[i] = 0.0f;
+        for (int q = 0; q < splits; ++q) {
+#pragma unroll
+            for (int i = 0; i < NACC; i += 4) {
+                const float4 v = __ldcg(reinterpret_cast<const float4 *>(wt_tile + ((size_t)q * NACC + i) * NT + tid * 4));
+                flat[i] += v.x; flat[i + 1] += v.y; flat[i + 2] += v.z; flat[i + 3] += v.w;
+            }
+        }
+        if (tid == 0) counters[tile] = 0;
     }
 
     // ---- epilogue: each thread owns NPAIR pairs of adjacent columns; pair p -> (row slot ri, tile
@@ -352,7 +387,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
             }
             const float tm2 = block_sum(lm2, red);
             if (tid == 0)
-                st_part[(size_t)b * gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x] =
+                st_part[(size_t)b * mtiles * gridDim.y + blockIdx.y * mtiles + mt] =
                     make_float4(cnt, tsum, tm2, 0.0f);
         }
     }

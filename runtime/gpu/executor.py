@@ -78,8 +78,13 @@ class _Addr(Resolver):
         self.ex, self.t_idx, self.norm_eps = ex, _T_MARK, ex.config.norm_eps
 
     def tensor(self, name: str) -> Tuple[int, int]:
+        if name == self.ex.plan.input:   # the persistent image buffer (see GpuExecutor._extras)
+            return self.ex.x_ptr, self.ex.config.channels
         reg = self.ex.arena.regions[name]
         return self.ex.arena_ptr + reg.offset, reg.ld
+
+    def workspace(self, op: str) -> int:
+        return self.ex.arena_ptr + self.ex.arena.regions["ws:" + op].offset
 
     def blob(self, op: str, key: str) -> int:
         return self.ex.weights_ptr + self.ex.blob_offsets[(op, key)]
@@ -142,8 +147,16 @@ class GpuExecutor:
             self._stats_life[s.op.x] = (index[s.op.x], index[s.op.out])
 
     def _extras(self, batch: int) -> List[Tuple[str, int, int, int]]:
+        """Arena regions beside the plan's tensors. The image gets its own region alive across the
+        whole call: the plan's `x` dies after init_conv, but a sampler (and a graph replay) reads
+        x again after the call."""
+        n_ops, index = len(self.plan.ops), {op.out: i for i, op in enumerate(self.plan.ops)}
+        c = self.config
         ex = [("stats:" + n, 16 * batch * self.stats_parts[n], f, l) for n, (f, l) in self._stats_life.items()]
-        ex.append(("t_idx", 4 * batch, -1, len(self.plan.ops)))
+        ex += [("ws:" + s.op.out, s.ws_bytes * batch // self.batch, index[s.op.out], index[s.op.out])
+               for s in self.specs if s.ws_bytes]
+        ex.append(("t_idx", 4 * batch, -1, n_ops))
+        ex.append(("image", 4 * batch * c.channels * c.image_size ** 2, -1, n_ops))
         return ex
 
     def _elem_bytes(self) -> Dict[str, int]:
@@ -216,7 +229,7 @@ class GpuExecutor:
     # ---- device pointers --------------------------------------------------------------------------
     @property
     def x_ptr(self) -> int:
-        return self.arena_ptr + self.arena.regions[self.plan.input].offset
+        return self.arena_ptr + self.arena.regions["image"].offset
 
     @property
     def eps_ptr(self) -> int:
@@ -271,6 +284,10 @@ class GpuExecutor:
 
     # ---- tensors by name (tests, debugging): whole-root read-modify-write, synchronous -------------
     def _root(self, name: str) -> Tuple[int, np.ndarray, Any]:
+        if name == self.plan.input:
+            c = self.config
+            return self.arena.regions["image"].offset, np.empty(
+                (self.batch, c.image_size, c.image_size, c.channels), np.float32), np.float32
         reg = self.arena.regions[name]
         root = self.arena.regions[reg.root]
         dt = np.float32 if self._elem_bytes()[reg.root] == 4 else storage_dtype(self.precision)

@@ -80,6 +80,7 @@ class Resolver:
     def tbias(self, name: str) -> Tuple[int, int]: ...           # (ptr of the column, row stride)
     def stats_out(self, op: str) -> int: ...                     # 0 when nobody reads them
     def stats_in(self, op: Op) -> Tuple[int, int]: ...           # (ptr, partials per sample)
+    def workspace(self, op: str) -> int: ...                     # split-K partial tiles
 
 
 @dataclass
@@ -92,6 +93,7 @@ class OpSpec:
     blobs: Dict[str, np.ndarray]               # uploaded into the weights allocation
     make_args: Callable[[Resolver], Tuple[Any, ...]]
     stats_parts: int = 0                       # StatPartials per sample it can write
+    ws_bytes: int = 0                          # split-K workspace (arena, live during the op only)
 
     @property
     def symbol(self) -> str:
@@ -133,6 +135,15 @@ def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool
         if batch * cdiv(m, bm) * cdiv(n, bn) >= target:
             return bm, bn, 2, 2
     return choices[-1], bn, 2, 2
+
+
+def choose_splits(nk: int, ctas: int, sms: int) -> int:
+    """Split K over CTAs when the tiles alone leave SMs idle: a small-M layer (8x8, 16x16 at batch 1)
+    otherwise walks a long K loop, one memory latency per k-tile, on a handful of SMs."""
+    target = 2 * sms
+    if ctas >= target or nk < 8:
+        return 1
+    return max(1, min(cdiv(target, ctas), nk // 4, 16))
 
 
 def vec_for(precision: str, ctx: Ctx, names: Sequence[Optional[str]], channels: Sequence[int]) -> int:
@@ -220,7 +231,9 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     if op.norm:
         blobs["gn_w"] = padded(p[op.norm + ".weight"], xt.channels)
         blobs["gn_b"] = padded(p[op.norm + ".bias"], xt.channels)
-    grid = (cdiv(m, tile[0]), cdiv(n, tile[1]), ctx.batch)
+    mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
+    splits, ws_bytes = split_k(blobs, mtiles * ntiles, sum(nks), key, ctx)
+    grid = (mtiles * splits, ntiles, ctx.batch)
     smem = 8 * xt.channels if op.norm else 0
     act = {"none": 0, "gelu": 1}[op.act]
 
@@ -238,9 +251,24 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
                 P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
                 P(gn_w), P(gn_b), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
                 P(out_ptr), I(ot.size), I(ot.size), I(n), I(ldo), P(r.stats_out(op.out)), I(act),
-                P(0), F(0.0))
+                P(0), F(0.0), *split_args(r, op.out, splits))
 
-    return OpSpec(op, key, grid, (key.threads, 1, 1), smem, blobs, make_args, grid[0] * grid[1])
+    return OpSpec(op, key, grid, (key.threads, 1, 1), smem, blobs, make_args, mtiles * ntiles, ws_bytes)
+
+
+def split_k(blobs: Dict[str, np.ndarray], tiles: int, nk: int, key: ConvKey, ctx: Ctx) -> Tuple[int, int]:
+    """Splits, workspace bytes; adds the zeroed per-tile arrival counters to the op's blobs."""
+    splits = choose_splits(nk, tiles * ctx.batch, ctx.sms)
+    if splits == 1:
+        return 1, 0
+    blobs["counters"] = np.zeros(tiles * ctx.batch, dtype=np.int32)
+    return splits, 4 * ctx.batch * tiles * splits * key.bm * key.bn
+
+
+def split_args(r: Resolver, name: str, splits: int) -> Tuple[Any, ...]:
+    if splits == 1:
+        return I(1), P(0), P(0)
+    return I(splits), P(r.workspace(name)), P(r.blob(name, "counters"))
 
 
 def gate_key(op: Op, ctx: Ctx) -> ConvKey:
@@ -266,7 +294,9 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
     npad = round_up(g, tile[1])
     blobs = {"w": w, "bias": padded(bias, npad), "psi": padded(f32(".psi.weight"), npad)}
     psi_b = float(f32(".psi.bias").ravel()[0])
-    grid = (cdiv(m, tile[0]), 1, ctx.batch)
+    mtiles = cdiv(m, tile[0])
+    splits, ws_bytes = split_k(blobs, mtiles, sum(nks), key, ctx)
+    grid = (mtiles * splits, 1, ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(xname)
@@ -277,9 +307,9 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
                 P(r.blob(op.out, "bias")), P(0), I(0), P(0),
                 P(0), P(0), P(0), I(0), F(0.0), P(0), I(0),
                 P(out_ptr), I(size), I(size), I(g), I(ldo), P(0), I(0),
-                P(r.blob(op.out, "psi")), F(psi_b))
+                P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits))
 
-    return OpSpec(op, key, grid, (key.threads, 1, 1), 0, blobs, make_args)
+    return OpSpec(op, key, grid, (key.threads, 1, 1), 0, blobs, make_args, 0, ws_bytes)
 
 
 # ---- depthwise 7x7, init_conv, final_conv -------------------------------------------------------
