@@ -105,11 +105,18 @@ def save_weights(path: PathLike, config: UNetConfig, params: Mapping[str, np.nda
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez_compressed(f, **{MANIFEST_KEY: blob}, **arrays)
+        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; a model file is for everyone
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
     return manifest
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def load_weights(path: PathLike) -> Weights:

@@ -188,7 +188,7 @@ class Trainer:
 
 
 class LossLog:
-    """loss.csv rows every --log-every steps: mean loss over the interval, a smoothed loss."""
+    """loss.csv rows every --log-every steps: mean loss over the interval, a lightly smoothed loss."""
 
     HEADER = ["step", "loss", "ema_loss", "seconds"]
 
@@ -204,7 +204,8 @@ class LossLog:
             csv.writer(f).writerows([self.HEADER] + self.rows)
 
     def add(self, step: int, loss: float, seconds: float) -> float:
-        self.smooth = loss if self.smooth is None else 0.9 * self.smooth + 0.1 * loss
+        # Each row is already the mean of a whole --log-every interval: smooth lightly.
+        self.smooth = loss if self.smooth is None else 0.5 * self.smooth + 0.5 * loss
         self.rows.append((step, loss, self.smooth, seconds))
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow([step, f"{loss:.6f}", f"{self.smooth:.6f}", f"{seconds:.1f}"])
@@ -295,7 +296,7 @@ def finish(tr: Trainer, log: LossLog, args: argparse.Namespace, n_images: int, r
     extra = {"trainer": "tools/train.py", "steps": tr.step, "batch": args.batch, "lr": args.lr,
              "ema": args.ema, "train_seconds": round(tr.seconds, 1), "dataset": os.path.basename(args.data),
              "dataset_images": n_images, "kinds": args.kinds or "all",
-             "final_loss": log.rows[-1][2] if log.rows else None, "device": str(tr.device)}
+             "final_loss": log.rows[-1][1] if log.rows else None, "device": str(tr.device)}
     manifest = save_weights(os.path.join(out, "model.npz"), tr.cfg, export_numpy_params(tr.ema),
                             dtype=args.export_dtype, extra=extra)
     print(f"stopped ({reason}) at step {tr.step} after {tr.seconds:.0f} s of training; wrote "
