@@ -140,24 +140,28 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // writes {count, sum, M2 about the tile mean, 0}. Two passes over registers: no cancellation.
 struct StatPartial { float n, sum, m2, pad; };
 
-// Consumer: merge the P partials of one sample (Chan et al.) in double; writes mean, rstd.
-__device__ __forceinline__ void gn_merge(const float4* part, int P, float eps, float* mean_rstd) {
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        double n = 0.0, s = 0.0;
-        for (int i = lane; i < P; i += 32) { float4 q = part[i]; n += q.x; s += q.y; }
-        n = warp_sum_d(n); s = warp_sum_d(s);
-        const double mean = s / n;
-        double m2 = 0.0;
-        for (int i = lane; i < P; i += 32) {
-            float4 q = part[i];
-            if (q.x > 0.0f) { double d = (double)q.y / q.x - mean; m2 += (double)q.z + q.x * d * d; }
-        }
-        m2 = warp_sum_d(m2);
-        if (lane == 0) {
-            mean_rstd[0] = (float)mean;
-            mean_rstd[1] = (float)(1.0 / sqrt(m2 / n + (double)eps));
-        }
+// Consumer: merge the P partials of one sample in double over the whole CTA (one pass, a few
+// independent loads per thread: this sits in front of every normalized conv, so its latency
+// counts): N = sum n_i, S = sum s_i, Q = sum (m2_i + s_i^2 / n_i); M2 = Q - S^2 / N (Chan et al.,
+// exact in double for any realistic mean/std ratio). Writes mean, rstd; `dred` holds 3*32 doubles.
+__device__ __forceinline__ void gn_merge(const float4* part, int P, float eps, float* mean_rstd, double* dred) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    double n = 0.0, s = 0.0, q = 0.0;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        const float4 v = part[i];
+        n += v.x;
+        s += v.y;
+        if (v.x > 0.0f) q += (double)v.z + (double)v.y * v.y / v.x;
+    }
+    n = warp_sum_d(n); s = warp_sum_d(s); q = warp_sum_d(q);
+    if (lane == 0) { dred[warp] = n; dred[32 + warp] = s; dred[64 + warp] = q; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double tn = 0.0, ts = 0.0, tq = 0.0;
+        for (int w = 0; w < nw; ++w) { tn += dred[w]; ts += dred[32 + w]; tq += dred[64 + w]; }
+        const double mean = ts / tn, var = fmax((tq - ts * ts / tn) / tn, 0.0);
+        mean_rstd[0] = (float)mean;
+        mean_rstd[1] = (float)(1.0 / sqrt(var + (double)eps));
     }
 }
 

@@ -19,7 +19,8 @@
 // Launch: grid (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN, dynamic smem 8*Cin bytes when
 //   normalized. splits > 1 (small-M layers at small batch): split-K over CTAs with an fp32
 //   workspace and per-tile arrival counters (zeroed once at upload, re-armed by the kernel). Weights: 16-bit: [Npad][ldw] (k contiguous); fp32: [Kpad][ldw = Npad].
-// Compute: fp16/bf16 mma.sync.m16n8k16 (fp32 accumulate) from ldmatrix fragments, BK = 32;
+// Compute: fp16/bf16 mma.sync.m16n8k16 (fp32 accumulate) from ldmatrix fragments, BK = 32 or 64
+//   (64 halves the serialized global-load latencies of long K loops where smem allows);
 //   fp32 FFMA with a TMxTN register tile per thread, BK = 16. Register-staged double buffering.
 // Reference: runtime.reference.run_conv / run_gate.
 #include "common.cuh"
@@ -38,12 +39,12 @@ extern __shared__ __align__(16) float dyn_smem[];
     gn_w, gn_b, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act,   \
     psi_w, psi_b, splits, ws, counters
 
-template <class D, int BM, int BN, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE>
+template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE>
 __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     typedef typename D::S S;
     constexpr bool TC = D::TC;
     constexpr int NT = 32 * WM * WN;
-    constexpr int BK = TC ? 32 : 16;
+    static_assert(BK % 16 == 0 && (TC || BK == 16), "K tile");
     constexpr int PAD = ST == 1 ? KH / 2 : 0;
     // smem tiles. TC: As[BM][BK+8], Bs[BN][BK+8] (k contiguous; +8 halves = conflict-free ldmatrix)
     //             FFMA: As[BK][BM+4], Bs[BK][BN+4] (m / n contiguous for broadcast + float4 reads)
@@ -55,6 +56,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     __shared__ __align__(16) S Bs[2][B_SZ];
     __shared__ float red[33];
     __shared__ float mean_rstd[2];
+    __shared__ double dred[96];
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_, *res = (const S *)res_;
     S *out = (S *)out_;
@@ -68,7 +70,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
 
     // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
     if (norm) {
-        gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd);
+        gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);
         __syncthreads();
         const float mean = mean_rstd[0], rstd = mean_rstd[1];
         for (int c = tid; c < Cin; c += NT) {
@@ -268,7 +270,8 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
         __threadfence();
 #pragma unroll
         for (int i = 0; i < NACC; ++i) flat[i] = 0.0f;
-        for (int q = 0; q < splits; ++q) {
+#pragma unroll 4
+        for (int q = 0; q < splits; ++q) {   // unrolled: 4 splits' loads in flight, not one
 #pragma unroll
             for (int i = 0; i < NACC; i += 4) {
                 const float4 v = __ldcg(reinterpret_cast<const float4 *>(wt_tile + ((size_t)q * NACC + i) * NT + tid * 4));
@@ -395,7 +398,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
 
 // One extern "C" kernel per instantiation (cache-friendly on every CuPy version); the host
 // generates the list from the plan's distinct shapes (runtime/gpu/kernels.py).
-#define CONV_INSTANCE(name, D, BM, BN, WM, WN, KH, ST, UP, VEC, GATE)                          \
+#define CONV_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE)                      \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN) name(CONV_PARAMS) {           \
-        conv_gemm<D, BM, BN, WM, WN, KH, ST, UP, VEC, GATE>(CONV_ARGS);                      \
+        conv_gemm<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE>(CONV_ARGS);                  \
     }

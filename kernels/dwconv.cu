@@ -4,7 +4,7 @@
 //   + tbias[t_idx[b], c]  (zero padding), and GroupNorm(1) partials of `out` for the next conv's
 //   norm1 (one StatPartial per CTA: count, sum, M2 about the tile mean).
 // The input may be a view of a concat buffer (pixel stride ldx > C); the output has stride ldo.
-// Launch: grid (ceil(H/8)*ceil(W/8), ceil(C/32), B), block 256 = 32 channels x 8 rows; each thread
+// Launch: grid (ceil(H/8)*ceil(W/8), ceil(C/32), B), block 256 (fixed) = 32 channels x 8 rows; each thread
 //   produces 8 outputs of one row from a (8+K-1)^2 x 32 fp32 halo tile in shared memory (lanes run
 //   over channels: coalesced loads, conflict-free smem reads). Weights fp32 [K*K][C].
 // Reference: runtime.reference.conv2d(groups=C) + the block's time bias.
@@ -28,13 +28,26 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
     const int c0 = blockIdx.y * CC, b = blockIdx.z;
     const int cl = threadIdx.x % CC, row = threadIdx.x / CC, c = c0 + cl;
 
-    for (int i = threadIdx.x; i < HH * HW * CC; i += blockDim.x) {
-        const int cc = i % CC, p = i / CC, py = p / HW, px = p - (p / HW) * HW;
-        const int gy = y0 + py - P, gx = x0 + px - P;
-        float v = 0.0f;
-        if (gy >= 0 && gy < H && gx >= 0 && gx < W && c0 + cc < C)
-            v = D::to_f(x[((size_t)(b * H + gy) * W + gx) * ldx + c0 + cc]);
-        tile[i] = v;
+    // This CTA's 49 weights first (independent loads, one latency), then the halo tile in chunks
+    // of 8 loads issued before their 8 stores: a load->store loop would pay one memory latency per
+    // element (25 per thread), which dominated the kernel at batch 1.
+    float wreg[K * K];
+#pragma unroll
+    for (int t = 0; t < K * K; ++t) wreg[t] = c < C ? w[t * C + c] : 0.0f;
+    constexpr int NTILE = HH * HW * CC, CH = 8;
+    for (int i0 = threadIdx.x; i0 < NTILE; i0 += CH * 256) {
+        float v[CH];
+#pragma unroll
+        for (int u = 0; u < CH; ++u) {
+            const int i = i0 + u * 256;
+            const int cc = i % CC, p = i / CC, py = p / HW, px = p - (p / HW) * HW;
+            const int gy = y0 + py - P, gx = x0 + px - P;
+            v[u] = (i < NTILE && gy >= 0 && gy < H && gx >= 0 && gx < W && c0 + cc < C)
+                       ? D::to_f(x[((size_t)(b * H + gy) * W + gx) * ldx + c0 + cc]) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < CH; ++u)
+            if (i0 + u * 256 < NTILE) tile[i0 + u * 256] = v[u];
     }
     __syncthreads();
 
@@ -42,14 +55,14 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 #pragma unroll
     for (int j = 0; j < TW; ++j) acc[j] = 0.0f;
     if (c < C) {
-#pragma unroll 1
+#pragma unroll
         for (int ky = 0; ky < K; ++ky) {
             float r[HW];
 #pragma unroll
             for (int j = 0; j < HW; ++j) r[j] = tile[((row + ky) * HW + j) * CC + cl];
 #pragma unroll
             for (int kx = 0; kx < K; ++kx) {
-                const float wv = w[(ky * K + kx) * C + c];
+                const float wv = wreg[ky * K + kx];
 #pragma unroll
                 for (int j = 0; j < TW; ++j) acc[j] = fmaf(r[j + kx], wv, acc[j]);
             }

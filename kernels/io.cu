@@ -30,7 +30,15 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
         const int gy = y0 + py - P, gx = x0 + px - P;
         tile[i] = (gy >= 0 && gy < H && gx >= 0 && gx < W) ? x[((size_t)(b * H + gy) * W + gx) * Cin + ci] : 0.0f;
     }
-    for (int i = threadIdx.x; i < K * K * Cin * CoutP; i += blockDim.x) ws[i] = w[i];
+    const int nw = K * K * Cin * CoutP;   // 8 loads in flight before their stores (see dwconv.cu)
+    for (int i0 = threadIdx.x; i0 < nw; i0 += 8 * blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = i0 + u * (int)blockDim.x < nw ? w[i0 + u * blockDim.x] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (i0 + u * (int)blockDim.x < nw) ws[i0 + u * blockDim.x] = v[u];
+    }
     __syncthreads();
     const int groups = CoutP / 8;
     for (int it = threadIdx.x; it < TH * TW * groups; it += blockDim.x) {

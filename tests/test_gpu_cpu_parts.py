@@ -86,7 +86,7 @@ def emulate(spec, key, env, plan, params, precision):
     cin, hin, hout = xt.channels, xt.size, ot.size
     kh, st, up = key.kh, key.stride, key.up
     pad = kh // 2 if st == 1 else 0
-    bk = ops.BK[precision]
+    bk = key.bk
     w = spec.blobs["w"]
     w = ops.from_device(w, precision) if precision != "fp32" else w.T
     k0p = -(-kh * kh * cin // bk) * bk

@@ -66,10 +66,30 @@ def bench_ours(weights, precision: str, batch: int, args, backend) -> dict:
     graph = backend.capture_end(s)
     replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats)
     rep = ex.arena_report()
+    if args.per_op:
+        ops_t = per_op_times(ex, backend)
+        total = sum(t for *_, t in ops_t)
+        print(f"per-op GPU time, {precision} b{batch}: sum {total:.1f} us (graph of the call: {1000 * replay:.1f} us)")
+        for name, sym, grid, us in sorted(ops_t, key=lambda r: -r[3])[:args.per_op]:
+            print(f"  {us:7.2f} us  {name:28s} {sym:36s} grid {grid}")
     ex.close()
     return {"impl": f"ours {precision}", "batch": batch, "direct_ms": direct, "graph_ms": replay,
             "launches": ex.launches_per_call, "build_s": build_s, "arena": rep["text"],
             "arena_bytes": rep["arena_bytes"], "weights_bytes": rep["weights_bytes"]}
+
+
+def per_op_times(ex, backend, reps: int = 20, windows: int = 3) -> list:
+    """GPU time of each launch alone: a graph of `reps` back-to-back launches of that kernel, its
+    replays timed with events (CuPy's ~10 us of host work per direct launch would hide the kernel)."""
+    s, out = ex.stream, []
+    for L in ex.launches:
+        backend.capture_begin(s)
+        for _ in range(reps):
+            L.fn.launch(L.grid, L.block, L.args, L.smem, s)
+        g = backend.capture_end(s)
+        ms = timed(backend, s, lambda: g.launch(s), 2, 5, windows)
+        out.append((L.name, L.fn.symbol, L.grid, 1000.0 * ms / reps))
+    return out
 
 
 def bench_torch(weights, batch: int, args) -> list:
@@ -100,6 +120,7 @@ def bench_torch(weights, batch: int, args) -> list:
                 e1.synchronize()
                 per.append(e0.elapsed_time(e1) / args.iters)
             out.append({"impl": name, "batch": batch, "graph_ms": statistics.median(per), "warm_s": warm_s})
+            print(f"  ({name}: warm-up incl. compile {warm_s:.1f} s)", flush=True)
     return out
 
 
@@ -111,25 +132,32 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=20, help="calls before timing (default: 20)")
     ap.add_argument("--repeats", type=int, default=5, help="timed windows; the median is kept (default: 5)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--per-op", type=int, default=0, metavar="N",
+                    help="also time every kernel alone and print the N slowest (default: off)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
     path = models_dir() / "seed-unet-emoji64.npz"
     weights = load_weights(path) if path.is_file() else RandomWeights(UNetConfig())
     rows = []
+    print(f"device: {backend.device_name()}  weights: {'shipped' if path.is_file() else 'random'}")
+    print(f"{'impl':38s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}", flush=True)
+
+    def show(new: list) -> None:   # as they come: a long torch.compile must not hide earlier rows
+        for r in new:
+            rows.append(r)
+            d = f"{r['direct_ms']:.3f}" if "direct_ms" in r else "-"
+            print(f"{r['impl']:38s} {r['batch']:5d} {d:>10s} {r['graph_ms']:9.3f} "
+                  f"{1000 * r['batch'] / r['graph_ms']:8.0f}", flush=True)
+
     for b in [int(v) for v in args.batches.split(",")]:
         for p in args.precisions.split(","):
-            rows.append(bench_ours(weights, p, b, args, backend))
+            show([bench_ours(weights, p, b, args, backend)])
         if not args.no_torch:
             try:
-                rows.extend(bench_torch(weights, b, args))
+                show(bench_torch(weights, b, args))
             except ImportError as e:
                 print(f"torch comparison skipped: {e}")
-    print(f"device: {backend.device_name()}  weights: {'shipped' if path.is_file() else 'random'}")
-    print(f"{'impl':38s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}")
-    for r in rows:
-        d = f"{r['direct_ms']:.3f}" if "direct_ms" in r else "-"
-        print(f"{r['impl']:38s} {r['batch']:5d} {d:>10s} {r['graph_ms']:9.3f} {1000 * r['batch'] / r['graph_ms']:8.0f}")
     for r in rows:
         if "launches" in r:
             print(f"{r['impl']} b{r['batch']}: {r['launches']} launches/call, build {r['build_s']:.1f} s, {r['arena']}")

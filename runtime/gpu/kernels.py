@@ -28,6 +28,7 @@ class ConvKey:
     dtype: str      # "fp32" | "fp16" | "bf16"
     bm: int
     bn: int
+    bk: int
     wm: int
     wn: int
     kh: int
@@ -39,14 +40,14 @@ class ConvKey:
     @property
     def symbol(self) -> str:
         kind = "gate" if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
-        return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}_{self.wm}x{self.wn}_v{self.vec}")
+        return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}")
 
     @property
     def threads(self) -> int:
         return 32 * self.wm * self.wn
 
     def instance(self) -> str:
-        return (f"CONV_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, "
+        return (f"CONV_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                 f"{self.wm}, {self.wn}, {self.kh}, {self.stride}, {self.up}, {self.vec}, "
                 f"{'true' if self.gate else 'false'})")
 

@@ -17,7 +17,6 @@ from ..errors import ConfigError
 from ..plan import CONV, GATE, Op, Plan
 from .kernels import ConvKey, SimpleKey
 
-BK = {"fp32": 16, "fp16": 32, "bf16": 32}            # K tile of conv_gemm (must match conv.cu)
 VEC_MAX = {"fp32": 4, "fp16": 8, "bf16": 8}          # 16-byte vectors
 ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 SMEM_LIMIT = 48 * 1024                               # static + dynamic without an opt-in
@@ -137,6 +136,15 @@ def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool
     return choices[-1], bn, 2, 2
 
 
+def choose_bk(precision: str, bm: int, bn: int, vec: int, gate: bool) -> int:
+    """K tile: fp32 16 (FFMA smem budget); 16-bit 64 where two stages of A and B fit in ~37 KB of
+    static smem (BM + BN <= 128), halving the k-loop trips, else 32. Scalar loads (vec 1) keep 32:
+    a 64-wide k row would put up to 32 loads in flight per thread."""
+    if precision == "fp32":
+        return 16
+    return 64 if (not gate and vec > 1 and bm + bn <= 128) else 32
+
+
 def choose_splits(nk: int, ctas: int, sms: int) -> int:
     """Split K over CTAs when the tiles alone leave SMs idle: a small-M layer (8x8, 16x16 at batch 1)
     otherwise walks a long K loop, one memory latency per k-tile, on a handful of SMs."""
@@ -170,10 +178,10 @@ def conv_matrix(op: Op, params: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(w.shape[0], -1))
 
 
-def pack_gemm(precision: str, bn: int, segs: Sequence[np.ndarray]) -> Tuple[np.ndarray, int, List[int]]:
+def pack_gemm(precision: str, bn: int, bk: int, segs: Sequence[np.ndarray]) -> Tuple[np.ndarray, int, List[int]]:
     """Zero-padded B matrix: K segments each padded to BK, N to BN. 16-bit: [Npad][K] (ldmatrix
     reads k-contiguous rows); fp32: [K][Npad] (the FFMA path reads float4 along n)."""
-    bk, n = BK[precision], segs[0].shape[0]
+    n = segs[0].shape[0]
     kps = [round_up(s.shape[1], bk) for s in segs]
     npad = round_up(n, bn)
     w = np.zeros((npad, sum(kps)), dtype=np.float32)
@@ -209,7 +217,9 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     vec = vec_for(ctx.precision, ctx, (op.x, xr, op.out), (xt.channels, cr, ot.channels))
     if vec == 1 and tile[0] > 64:   # scalar loads: 128 rows would hold 32 loads + 64 indices per thread
         tile = (64,) + tuple(tile[1:])
-    return ConvKey(ctx.precision, *tile, kh, st, up, vec, False)
+    bm, bn, wm, wn = tile
+    return ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
+                   vec, False)
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -226,7 +236,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         segs.append(np.asarray(p[op.residual_conv + ".weight"], dtype=np.float32).reshape(n, cr))
         bias = bias + np.asarray(p[op.residual_conv + ".bias"], dtype=np.float32)
     res = op.residual if (op.residual and not op.residual_conv) else None
-    w, ldw, nks = pack_gemm(prec, tile[1], segs)
+    w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
     blobs = {"w": w, "bias": padded(bias, round_up(n, tile[1]))}
     if op.norm:
         blobs["gn_w"] = padded(p[op.norm + ".weight"], xt.channels)
@@ -277,7 +287,9 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
                      ctx.plan.tensors[skip].size)
     tile = choose_tile(ctx.precision, size * size, g, ctx.tile_batch or ctx.batch, ctx.sms, gate=True)
     vec = vec_for(ctx.precision, ctx, (xname, skip, op.out), (g, r_ch))
-    return ConvKey(ctx.precision, *tile, 1, 1, 1, vec, True)
+    bm, bn, wm, wn = tile
+    return ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, True), wm, wn, 1, 1, 1,
+                   vec, True)
 
 
 def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -290,7 +302,7 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
     f32 = lambda k: np.asarray(p[op.prefix + k], dtype=np.float32)  # noqa: E731
     segs = [f32(".gate_conv.weight").reshape(g, g), f32(".residual_conv.weight").reshape(g, r_ch)]
     bias = f32(".gate_conv.bias") + f32(".residual_conv.bias")
-    w, ldw, nks = pack_gemm(prec, tile[1], segs)
+    w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
     npad = round_up(g, tile[1])
     blobs = {"w": w, "bias": padded(bias, npad), "psi": padded(f32(".psi.weight"), npad)}
     psi_b = float(f32(".psi.bias").ravel()[0])
