@@ -149,3 +149,27 @@ def test_arena_live_tensors_never_share_bytes(batch):
             ob, eb, fb, lb = spans[b]
             if fa <= lb and fb <= la:
                 assert ea <= ob or eb <= oa, (a, b)
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_weight_upload_early_start(early):
+    """Early start: one copy per op, in plan order, covering the weights buffer exactly once;
+    the first call waits on each op's own event before its launch, later calls wait on nothing."""
+    fb = FakeBackend()
+    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=fb, early_start=early)
+    wbuf = ex._wbuf
+    copies = [(d - wbuf.ptr, n) for d, n in fb.copies if wbuf.ptr <= d < wbuf.ptr + wbuf.nbytes]
+    if not early:
+        assert copies == [(0, wbuf.nbytes)]
+    else:
+        assert len(copies) > len(ex.launches) // 2, "one copy per op that has weights"
+        pos = 0
+        for off, n in copies:
+            assert off == pos, "copies are contiguous and in plan order"
+            pos += n
+        assert pos == wbuf.nbytes
+    ex.run(ex.stream)
+    assert len(fb.waits) == (len(ex.launches) if early else 0)
+    ex.run(ex.stream)
+    assert len(fb.waits) == (len(ex.launches) if early else 0)
+    ex.close()

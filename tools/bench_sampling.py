@@ -25,9 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from runtime import models_dir  # noqa: E402
 from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.sampling import GpuSampler  # noqa: E402
-from runtime.schedule import NoiseStream, make_steps  # noqa: E402
+from runtime.schedule import make_steps  # noqa: E402
 from runtime.trace import Timeline  # noqa: E402
 from runtime.weights import load_weights  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import time_torch  # noqa: E402  (the PyTorch peer loop, shared with bench_peers.py)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -61,42 +64,6 @@ def time_ours(weights, steps, batch, precision, mode, graphs, repeat, seed):
         return x0, stats
     finally:
         s.close()
-
-
-def time_torch(weights, steps, batch, seed, compiled, repeat):
-    import torch
-    from torch_unet import SeedUNet, load_numpy_params
-    cfg = weights.config
-    model = SeedUNet(cfg)
-    load_numpy_params(model, {k: v.astype(np.float32) for k, v in weights.params.items()})
-    model = model.cuda().half().eval()
-    fn = torch.compile(model, mode="reduce-overhead") if compiled else model
-    shape = (batch, cfg.channels, cfg.image_size, cfg.image_size)
-    noise = NoiseStream(seed, shape)
-    x_t = torch.from_numpy(noise.draw()).cuda()
-    zs = [torch.from_numpy(z).cuda() if z is not None else None for z in noise.for_steps(steps)]
-    ts = [torch.full((batch,), st.t, dtype=torch.long, device="cuda") for st in steps]
-
-    def loop():
-        x = x_t.clone()
-        with torch.inference_mode():
-            for st, z, t in zip(steps, zs, ts):
-                eps = fn(x.half(), t).float()
-                x = st.c_x * x + st.c_eps * eps
-                if z is not None:
-                    x = x + st.sigma * z
-        torch.cuda.synchronize()
-        return x
-
-    for _ in range(2 if compiled else 1):   # compile + graph recording happen in the warm-ups
-        loop()
-    walls = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        x = loop()
-        walls.append(time.perf_counter() - t0)
-    wall = statistics.median(walls)
-    return x.cpu().numpy(), {"wall_s": wall, "s_per_image": wall / batch, "images_per_s": batch / wall}
 
 
 def main() -> int:

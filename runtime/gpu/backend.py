@@ -83,6 +83,9 @@ class CupyBackend:
     def arch(self) -> int:
         return int(self.device.compute_capability)
 
+    def sm_count(self) -> int:
+        return int(self.rt.getDeviceProperties(self.device.id)["multiProcessorCount"])
+
     def mem_info(self) -> Tuple[int, int]:
         free, total = self.rt.memGetInfo()
         return int(free), int(total)

@@ -101,7 +101,8 @@ class _Addr(Resolver):
 
 
 class GpuExecutor:
-    def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Any = None) -> None:
+    def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Any = None,
+                 early_start: bool = True) -> None:
         if precision not in PRECISIONS:
             raise UsageError(f"GPU precision must be one of {PRECISIONS}, got {precision!r}")
         if batch < 1:
@@ -121,7 +122,7 @@ class GpuExecutor:
                                            align=ALIGN)
         self._check_memory(host_w.nbytes)
         self.stream = self.backend.stream()
-        self._alloc_and_upload(host_w)
+        self._alloc_and_upload(host_w, early_start)
         addr = _Addr(self)
         self.launches = [self._launch(s, addr) for s in self.specs]
         c = self.config
@@ -174,17 +175,23 @@ class GpuExecutor:
         self.tb_stride = off
         table = np.concatenate([env[n] for n in names], axis=1).astype(np.float32) if names else np.zeros((T, 1), np.float32)
         rows = np.repeat(np.arange(T, dtype=np.int32)[:, None], self.batch, axis=1)
-        items: List[Tuple[Tuple[str, str], np.ndarray]] = []
+        # Upload order = use order: the tables (read from the first block on), then each op's
+        # blobs in plan order; _op_end[i] is where op i's weights end (one upload + event each).
+        items: List[Tuple[Tuple[str, str], np.ndarray]] = [(("", "tbias"), table),
+                                                           (("", "trows"), np.ascontiguousarray(rows))]
         for s in self.specs:
             items.extend(((s.op.out, k), np.ascontiguousarray(v)) for k, v in s.blobs.items())
-        items.append((("", "tbias"), table))
-        items.append((("", "trows"), np.ascontiguousarray(rows)))
         self.blob_offsets: Dict[Tuple[str, str], int] = {}
-        total = 0
+        total, ends = 0, {}
         for k, v in items:
             self.blob_offsets[k] = total
             total += -(-v.nbytes // ALIGN) * ALIGN
-        host = np.zeros(max(total, ALIGN), dtype=np.uint8)
+            ends[k[0]] = total
+        self._op_end = [ends.get(s.op.out, 0) for s in self.specs]
+        for i in range(1, len(self._op_end)):   # an op without blobs ends where the previous did
+            self._op_end[i] = max(self._op_end[i], self._op_end[i - 1])
+        host = self.backend.pinned((max(total, ALIGN),), np.uint8)   # pinned: the upload is async
+        host[...] = 0
         for k, v in items:
             o = self.blob_offsets[k]
             host[o:o + v.nbytes] = v.reshape(-1).view(np.uint8)
@@ -210,14 +217,42 @@ class GpuExecutor:
         raise ArenaError(f"batch {self.batch} needs {need} bytes on the GPU ({self.arena.nbytes} arena + "
                          f"{weight_bytes} weights) but {free} are free; the largest batch that fits is {fits}")
 
-    def _alloc_and_upload(self, host_w: np.ndarray) -> None:
+    def _alloc_and_upload(self, host_w: np.ndarray, early_start: bool) -> None:
+        """Blocking: one copy, then wait. Early start: one copy per op, in plan order, on a copy
+        stream with an event each; the first `run` makes each kernel wait for its own op's event
+        only, so the first step starts while later weights are still landing."""
         self._wbuf = self.backend.alloc(host_w.nbytes)
         self._bufs.append(self._wbuf)
         self._abuf = self.backend.alloc(self.arena.nbytes)
         self._bufs.append(self._abuf)
         self.weights_ptr, self.arena_ptr = self._wbuf.ptr, self._abuf.ptr
-        self.backend.h2d(self.weights_ptr, host_w, self.stream)
-        self.stream.synchronize()
+        self.upload_start = self.backend.event()
+        self._pending: List[Any] = []
+        if not early_start:
+            self.upload_start.record(self.stream)
+            self.backend.h2d(self.weights_ptr, host_w, self.stream)
+            self.stream.synchronize()
+            return
+        self._copy = self.backend.stream()
+        self._host_w = host_w                  # must outlive the copies
+        self.upload_start.record(self._copy)
+        start = 0
+        for end in self._op_end:
+            if end > start:
+                self.backend.h2d(self.weights_ptr + start, host_w[start:end], self._copy)
+            ev = self.backend.event(timing=False)
+            ev.record(self._copy)
+            self._pending.append(ev)
+            start = end
+        if start < host_w.nbytes:
+            self.backend.h2d(self.weights_ptr + start, host_w[start:], self._copy)
+            self._pending[-1].record(self._copy)
+
+    def wait_weights(self, stream: Any) -> None:
+        """Make `stream` wait for the whole weight upload (before a CUDA-graph capture)."""
+        if self._pending:
+            self.backend.wait(stream, self._pending[-1])
+            self._pending = []
 
     def _launch(self, spec: OpSpec, addr: _Addr) -> Launch:
         args = spec.make_args(addr)
@@ -254,12 +289,16 @@ class GpuExecutor:
         """Enqueue one U-Net call: reads the device image buffer (x_ptr), writes eps (eps_ptr)."""
         tp = self.t_idx_ptr if t_idx_ptr is None else int(t_idx_ptr)
         same = tp == self.t_idx_ptr
-        for L in self.launches:
+        pending, self._pending = self._pending, []
+        for i, L in enumerate(self.launches):
+            if pending:                       # early start: wait for this op's weights only
+                self.backend.wait(stream, pending[i])
             L.fn.launch(L.grid, L.block, L.args if same else L.args_for(tp), L.smem, stream)
 
     def launch_op(self, name: str, stream: Any = None) -> None:
         """Run the one kernel that computes tensor `name` (per-op tests and debugging)."""
         L = next(L for L in self.launches if L.name == name)
+        self.wait_weights(stream or self.stream)
         L.fn.launch(L.grid, L.block, L.args, L.smem, stream or self.stream)
 
     def eps(self, x: np.ndarray, t: Any) -> np.ndarray:
@@ -334,6 +373,9 @@ class GpuExecutor:
 
     def close(self) -> None:
         """Free both allocations; safe to call twice."""
+        if self._bufs and getattr(self, "_copy", None) is not None:
+            self._copy.synchronize()          # no weight copy may still target the buffer
+        self._host_w, self._pending = None, []
         for b in self._bufs:
             b.free()
         self._bufs = []

@@ -164,11 +164,14 @@ class GpuSampler:
         self._host_noise = be.pinned((T, n), np.float32)
         self._host_tab = {"coef": be.pinned((T, 3), np.float32), "noise_row": be.pinned((T,), np.int32),
                           "t_of_step": be.pinned((T,), np.int32), "counter": be.pinned((1,), np.int32)}
-        if self.graphs:
-            s = self.compute[0]
-            be.capture_begin(s)
-            self._enqueue_step(s)
-            self._graph = be.capture_end(s)
+
+    def _capture(self, stream: Any) -> None:
+        """The step graph, captured after the first step was enqueued with plain launches: those
+        wait per op for the early-start weight upload, which a graph must not capture."""
+        self.executors[0].wait_weights(stream)
+        self.backend.capture_begin(stream)
+        self._enqueue_step(stream)
+        self._graph = self.backend.capture_end(stream)
 
     def _enqueue_step(self, stream: Any) -> None:
         ex, o = self.executors[0], self._off
@@ -208,6 +211,8 @@ class GpuSampler:
         for s, st in enumerate(steps):
             if st.sigma > 0 and rows[s] >= drawn:   # next chunk of noise: draw, upload, make s0 wait
                 drawn = self._upload_noise(noise, steps, s, rows, drawn, s0)
+            if self.graphs and self._graph is None and s >= 1:
+                self._capture(s0)
             e0, e1 = tl.gpu_span("compute 0", f"step {s}", s0)
             if self._graph is not None:
                 self._graph.launch(s0)

@@ -36,6 +36,14 @@ class FakeStream:
         pass
 
 
+class FakeEvent:
+    def record(self, stream: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 class FakeBackend:
     name = "fake"
 
@@ -45,6 +53,8 @@ class FakeBackend:
         self.compiled: List[Tuple[str, Tuple[str, ...], Sequence[str]]] = []
         self._next = 1 << 32
         self.allocs: List[FakeBuffer] = []
+        self.copies: List[Tuple[int, int]] = []
+        self.waits: List[Any] = []
 
     def arch(self) -> int:
         return self._arch
@@ -71,7 +81,13 @@ class FakeBackend:
         return FakeStream()
 
     def h2d(self, dst: int, host: np.ndarray, stream: Any) -> None:
-        pass
+        self.copies.append((dst, host.nbytes))
+
+    def event(self, timing: bool = True) -> FakeEvent:
+        return FakeEvent()
+
+    def wait(self, stream: Any, event: FakeEvent) -> None:
+        self.waits.append(event)
 
     def d2h(self, host: np.ndarray, src: int, stream: Any) -> None:
         pass
