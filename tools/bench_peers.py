@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Our GPU runtime against PyTorch on the same weights, noise and device: one U-Net call and the
+whole sampling loop, with an agreement check, in one ratio table.
+
+    python tools/bench_peers.py                               # shipped model, batch 1, 100-step DDPM
+    python tools/bench_peers.py --batch 4 --json peers.json --skip-loop
+
+Peers (tools/peers.py): PyTorch eager fp32 (TF32 off) and fp16, torch.compile fp16 with the default
+mode and with mode="reduce-overhead" (CUDA graphs). Ours: the GPU executor at the peer's precision,
+timed as a CUDA-graph replay (tools/bench_unet.py), and the gpu sampling mode with graphs
+(tools/bench_sampling.py). Agreement: the relative L2 of each peer's eps against OUR fp32 executor's
+eps on the same x and t must be within 1e-2 for fp16 and 1e-3 for fp32 (both sides accumulate in
+fp32; the fp32 bound leaves room for a different summation order through ~75 layers). The loop's
+x_0 is compared too (relative L2, PSNR), for information only: 100 steps amplify rounding.
+Ratios are peer / ours: above 1 means we are faster. Needs the `train` extra (torch) and CuPy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_sampling import psnr, time_ours  # noqa: E402
+from bench_unet import RandomWeights, bench_ours  # noqa: E402
+from peers import PEERS, peer_call, peer_sampling, strict_fp32, torch_model  # noqa: E402
+
+from runtime import models_dir  # noqa: E402
+from runtime.config import UNetConfig  # noqa: E402
+from runtime.schedule import make_steps  # noqa: E402
+from runtime.weights import load_weights  # noqa: E402
+
+EPS_TOL = {"fp32": 1e-3, "fp16": 1e-2}
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b.astype(np.float64)))
+
+
+def one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return type(e).__name__ + (": " + lines[0][:200] if lines else "")
+
+
+def ours_call(weights: Any, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, backend: Any) -> Dict[str, dict]:
+    """Per precision: our eps on (x, t) and the graph-replay ms per call."""
+    from runtime.gpu.executor import GpuExecutor
+    out = {}
+    timing = SimpleNamespace(warmup=args.warmup, iters=args.iters, repeats=args.repeats, per_op=0)
+    for p in ("fp32", "fp16"):
+        with GpuExecutor(weights, p, batch=args.batch, backend=backend) as ex:
+            eps = ex.eps(x, t)
+        row = bench_ours(weights, p, args.batch, timing, backend)
+        out[p] = {"eps": eps, "call_ms": row["graph_ms"], "direct_ms": row["direct_ms"]}
+    return out
+
+
+def peers_call(weights: Any, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, ours: dict) -> List[dict]:
+    rows = []
+    ref = ours["fp32"]["eps"]
+    for name, precision, mode in PEERS:
+        row: Dict[str, Any] = {"peer": name, "precision": precision, "compile": mode}
+        try:
+            row["_model"] = torch_model(weights, precision, mode)     # compiled once, for the call and the loop
+            eps, st = peer_call(weights, x, t, precision, mode, args.warmup, args.iters, args.repeats,
+                                model=row["_model"])
+        except Exception as e:   # torch.compile needs a C compiler and Triton: report, go on
+            row["error"] = one_line(e)
+            rows.append(row)
+            continue
+        row.update(st, eps_rel_l2=rel_l2(eps, ref), ours_call_ms=ours[precision]["call_ms"])
+        row["eps_ok"] = row["eps_rel_l2"] <= EPS_TOL[precision]
+        row["call_ratio"] = row["call_ms"] / row["ours_call_ms"]
+        rows.append(row)
+    return rows
+
+
+def loops(weights: Any, args: argparse.Namespace, rows: List[dict]) -> Dict[str, dict]:
+    """Ours (gpu mode, graphs) at fp32 and fp16, then each peer's loop, on the same noise."""
+    sched = weights.config.schedule
+    steps = make_steps(sched, args.sampler, None if args.sampler == "ddpm" else args.steps)
+    ours = {}
+    for p in ("fp32", "fp16"):
+        x0, st = time_ours(weights, steps, args.batch, p, "gpu", True, args.repeats, args.seed)
+        ours[p] = dict(st, x0=x0)
+    ref = ours["fp32"]["x0"]
+    for row in rows:
+        if "error" in row:
+            continue
+        try:
+            x0, st = peer_sampling(weights, steps, args.batch, args.seed, args.repeats, row["precision"],
+                                   row["compile"], model=row["_model"])
+        except Exception as e:
+            row["loop_error"] = one_line(e)
+            continue
+        mine = ours[row["precision"]]
+        row.update(loop_s_per_image=st["s_per_image"], loop_warmup_s=st["warmup_s"],
+                   ours_loop_s_per_image=mine["s_per_image"], x0_rel_l2=rel_l2(x0, ref), x0_psnr_db=psnr(x0, ref))
+        row["loop_ratio"] = st["s_per_image"] / mine["s_per_image"]
+    out: Dict[str, Any] = {p: {k: v for k, v in d.items() if k != "x0"} for p, d in ours.items()}
+    out["n_steps"] = len(steps)
+    return out
+
+
+def _f(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else spec.format(v)
+
+
+def print_table(rows: List[dict], ours_eps16: float, device: str, args: argparse.Namespace, n_steps: int) -> None:
+    print(f"device {device}, batch {args.batch}; call: median of {args.repeats} x {args.iters} calls (events); "
+          f"loop: {n_steps}-step {args.sampler}, median of {args.repeats}; ratio = peer / ours (> 1: ours faster)")
+    print(f"ours fp16 eps vs ours fp32: rel L2 {ours_eps16:.2e}")
+    print(f"{'peer':<22} {'call ms':>8} {'ours ms':>8} {'ratio':>6} {'loop s/img':>10} {'ours s/img':>10} "
+          f"{'ratio':>6} {'eps relL2':>9} {'ok':>3} {'x0 relL2':>8} {'PSNR':>5}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['peer']:<22} failed: {r['error']}")
+            continue
+        print(f"{r['peer']:<22} {r['call_ms']:>8.3f} {r['ours_call_ms']:>8.3f} {r['call_ratio']:>6.2f} "
+              f"{_f(r.get('loop_s_per_image'), '{:.4f}'):>10} {_f(r.get('ours_loop_s_per_image'), '{:.4f}'):>10} "
+              f"{_f(r.get('loop_ratio'), '{:.2f}'):>6} {r['eps_rel_l2']:>9.1e} {'yes' if r['eps_ok'] else 'NO':>3} "
+              f"{_f(r.get('x0_rel_l2'), '{:.1e}'):>8} {_f(r.get('x0_psnr_db'), '{:.1f}'):>5}")
+        if r.get("loop_error"):
+            print(f"{'':<22} loop failed: {r['loop_error']}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights", default=None, help="model .npz (default: the shipped model, else random)")
+    ap.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
+    ap.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm", help="loop sampler (default: ddpm)")
+    ap.add_argument("--steps", type=int, default=None, help="DDIM steps (default: T)")
+    ap.add_argument("--t", type=int, default=50, help="timestep of the single call (default: 50)")
+    ap.add_argument("--iters", type=int, default=100, help="calls per timed window (default: 100)")
+    ap.add_argument("--warmup", type=int, default=10, help="calls before timing (default: 10)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed windows / loops, median kept (default: 3)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of x and of the noise stream (default: 0)")
+    ap.add_argument("--skip-loop", action="store_true", help="single U-Net call only")
+    ap.add_argument("--json", default="", help="also write every figure to this JSON file")
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.batch < 1 or args.iters < 1 or args.repeats < 1 or args.warmup < 0:
+        raise SystemExit("bench_peers: --batch, --iters, --repeats must be >= 1 and --warmup >= 0")
+    try:
+        import torch  # noqa: F401  (fail now, not after our half of the work)
+    except ImportError as e:
+        raise SystemExit(f"bench_peers: PyTorch is not importable ({e}); install the extra: pip install -e '.[train]'")
+    from runtime.gpu.backend import get_backend
+    strict_fp32()
+    backend = get_backend("cupy")
+    path = args.weights or str(models_dir() / "seed-unet-emoji64.npz")
+    weights = load_weights(path) if os.path.isfile(path) else RandomWeights(UNetConfig())
+    c = weights.config
+    x = np.random.default_rng(args.seed).standard_normal((args.batch, c.channels, c.image_size, c.image_size))
+    x = x.astype(np.float32)
+    t = np.full((args.batch,), args.t, dtype=np.int64)
+    ours = ours_call(weights, x, t, args, backend)
+    rows = peers_call(weights, x, t, args, ours)
+    loop = {} if args.skip_loop else loops(weights, args, rows)
+    for r in rows:
+        r.pop("_model", None)
+    ours_eps16 = rel_l2(ours["fp16"]["eps"], ours["fp32"]["eps"])
+    print_table(rows, ours_eps16, backend.device_name(), args, loop.get("n_steps", 0))
+    if args.json:
+        doc = {"device": backend.device_name(), "args": vars(args), "weights": getattr(weights, "path", "random"),
+               "ours_call": {p: {k: v for k, v in d.items() if k != "eps"} for p, d in ours.items()},
+               "ours_eps16_rel_l2": ours_eps16, "ours_loop": loop, "peers": rows}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    return 0 if all(r.get("eps_ok", True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

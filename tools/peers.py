@@ -1,0 +1,140 @@
+"""PyTorch peers of the runtime on the same weights, noise and device (the `train` extra: torch).
+
+    fn, dtype = torch_model(weights, "fp16", "reduce-overhead")      # eager when compile_mode is None
+    eps, st = peer_call(weights, x, t, "fp16", None, warmup=10, iters=100, repeats=5)
+    x0, st = peer_sampling(weights, steps, batch=1, seed=0, repeat=3, precision="fp16")
+
+The sampling loop runs the same affine step (runtime.schedule) on the device, with every noise
+array drawn from the runtime's NoiseStream and uploaded before the clock starts (which favours
+the peer). torch.compile's compilation and CUDA-graph recording happen in the warm-up calls and
+are reported apart (warmup_s). Used by tools/bench_sampling.py and tools/bench_peers.py.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                    # torch_unet
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # runtime
+from runtime.schedule import NoiseStream, Step  # noqa: E402
+
+PRECISIONS = ("fp32", "fp16")
+COMPILE_MODES = (None, "default", "reduce-overhead")
+# (name, precision, torch.compile mode or None for eager): the peers bench_peers.py runs
+PEERS = (("torch eager fp32", "fp32", None), ("torch eager fp16", "fp16", None),
+         ("torch.compile fp16", "fp16", "default"), ("torch.compile ro fp16", "fp16", "reduce-overhead"))
+
+
+def strict_fp32() -> None:
+    """fp32 peers compute in IEEE fp32: PyTorch's default lets cuDNN convolutions use TF32."""
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def torch_model(weights: Any, precision: str = "fp16", compile_mode: Optional[str] = None,
+                device: str = "cuda") -> Tuple[Any, Any]:
+    """(callable model(x, t), its dtype): the twin with our weights, eager or torch.compile'd."""
+    import torch
+    from torch_unet import SeedUNet, load_numpy_params
+    if precision not in PRECISIONS or compile_mode not in COMPILE_MODES:
+        raise ValueError(f"peer precision {precision!r} / compile mode {compile_mode!r} unsupported")
+    model = SeedUNet(weights.config)
+    load_numpy_params(model, {k: v.astype(np.float32) for k, v in weights.params.items()})
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    model = model.to(device).to(dtype).eval()
+    if compile_mode is None:
+        return model, dtype
+    return torch.compile(model, mode=None if compile_mode == "default" else compile_mode), dtype
+
+
+def _sync(device: str) -> None:
+    import torch
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _window_ms(fn: Any, iters: int, device: str) -> float:
+    """Mean ms per call over `iters` back-to-back calls: CUDA events on a GPU, else perf_counter."""
+    import torch
+    if str(device).startswith("cuda"):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(iters):
+            fn()
+        e1.record()
+        e1.synchronize()
+        return e0.elapsed_time(e1) / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def peer_call(weights: Any, x: np.ndarray, t: np.ndarray, precision: str, compile_mode: Optional[str],
+              warmup: int, iters: int, repeats: int, device: str = "cuda",
+              model: Optional[Tuple[Any, Any]] = None) -> Tuple[np.ndarray, Dict[str, float]]:
+    """One U-Net call: eps (float32 NCHW) and the median over `repeats` windows of the ms per call.
+    `model`: a torch_model() result to reuse (a compiled one is then not compiled again)."""
+    import torch
+    fn, dtype = model or torch_model(weights, precision, compile_mode, device)
+    xd = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device).to(dtype)
+    td = torch.from_numpy(np.asarray(t, dtype=np.int64)).to(device)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        for _ in range(max(warmup, 3 if compile_mode else 1)):   # compile + graph recording happen here
+            fn(xd, td)
+        _sync(device)
+        warm_s = time.perf_counter() - t0
+        per = [_window_ms(lambda: fn(xd, td), iters, device) for _ in range(repeats)]
+        eps = fn(xd, td).float().cpu().numpy()
+    return eps, {"call_ms": statistics.median(per), "warmup_s": warm_s}
+
+
+def peer_sampling(weights: Any, steps: Sequence[Step], batch: int, seed: int, repeat: int,
+                  precision: str = "fp16", compile_mode: Optional[str] = None, device: str = "cuda",
+                  model: Optional[Tuple[Any, Any]] = None) -> Tuple[np.ndarray, Dict[str, float]]:
+    """The whole loop: x_0 (float32 NCHW) and the median wall time of `repeat` runs after warm-up."""
+    import torch
+    fn, dtype = model or torch_model(weights, precision, compile_mode, device)
+    cfg = weights.config
+    noise = NoiseStream(seed, (batch, cfg.channels, cfg.image_size, cfg.image_size))
+    x_t = torch.from_numpy(noise.draw()).to(device)
+    zs = [torch.from_numpy(z).to(device) if z is not None else None for z in noise.for_steps(list(steps))]
+    ts = [torch.full((batch,), st.t, dtype=torch.long, device=device) for st in steps]
+
+    def loop() -> Any:
+        x = x_t.clone()
+        with torch.inference_mode():
+            for st, z, t in zip(steps, zs, ts):
+                eps = fn(x.to(dtype), t).float()
+                x = st.c_x * x + st.c_eps * eps
+                if z is not None:
+                    x = x + st.sigma * z
+        _sync(device)
+        return x
+
+    t0 = time.perf_counter()
+    for _ in range(2 if compile_mode else 1):   # compile + graph recording happen in the warm-ups
+        loop()
+    warm_s = time.perf_counter() - t0
+    walls: List[float] = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        x = loop()
+        walls.append(time.perf_counter() - t0)
+    wall = statistics.median(walls)
+    return x.cpu().numpy(), {"wall_s": wall, "s_per_image": wall / batch, "images_per_s": batch / wall,
+                             "warmup_s": warm_s}
+
+
+def time_torch(weights: Any, steps: Sequence[Step], batch: int, seed: int, compiled: bool,
+               repeat: int) -> Tuple[np.ndarray, Dict[str, float]]:
+    """bench_sampling.py's peers: fp16 eager, or fp16 torch.compile(mode="reduce-overhead")."""
+    x0, st = peer_sampling(weights, steps, batch, seed, repeat, "fp16", "reduce-overhead" if compiled else None)
+    return x0, {k: st[k] for k in ("wall_s", "s_per_image", "images_per_s")}

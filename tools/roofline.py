@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""Roofline floor of seed-unet: FLOPs and minimum bytes of every op of the plan (runtime/cost.py)
+against a machine's memory bandwidth and arithmetic rates, summed op by op (each op is bound by
+the slower of its two terms), for one U-Net call and for one sampled image (100 steps by default).
+
+    python tools/roofline.py                             # Orin Nano floors; + this GPU when CuPy works
+    python tools/roofline.py --batch 4 --json $OUT/roofline.json
+    python tools/roofline.py --no-gpu                    # floors only, no measurement
+
+Machines: (a) this GPU, its rates measured on the spot with CUDA events: a device-to-device copy
+of a large buffer (bytes read + written per second), a large fp16 `cupy.matmul` (cuBLAS, tensor
+cores, fp32 accumulation) and an fp32 one (FFMA; CUPY_TF32 must be unset); (b) the Orin Nano 8GB
+at 625 MHz (68 GB/s) and at 1020 MHz (the "Super" mode, 102 GB/s), from datasheet figures: 8 SMs,
+1024 CUDA cores (fp32 FFMA = 2 x 1024 x clock), fp16 tensor cores assumed at 1024 to 2048 dense
+FLOP/clock/SM (5.1-10.2 TFLOP/s at 625 MHz; the top matches 40 sparse INT8 TOPS / 4), both scaled
+with the GPU clock. GEMM convs and gates use the tensor rate at fp16/bf16; depthwise, the image
+convs and everything at fp32 use the FFMA rate. On a GPU it then times every op alone
+(`GpuExecutor.launch_op` between events, L2 flushed before each launch, and hot back to back) and
+the whole call (graph replay, tools/bench_unet.py), and predicts the Orin Nano time per image as the Orin floor times
+this GPU's measured/floor efficiency, as a range over the assumptions. Method: docs/bench.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_unet import RandomWeights, bench_ours, timed  # noqa: E402
+
+from runtime import models_dir  # noqa: E402
+from runtime.config import UNetConfig  # noqa: E402
+from runtime.cost import plan_costs  # noqa: E402
+from runtime.gpu.ops import kernel_kind  # noqa: E402
+from runtime.plan import Plan, build_plan  # noqa: E402
+
+ORIN_SMS, ORIN_CORES = 8, 1024
+ORIN_BW = {625: 68e9, 1020: 102e9}            # B/s: Orin Nano 8GB, 8GB "Super" (JetPack 6.1+)
+ORIN_TC_PER_SM_CLK = (1024, 2048)             # fp16 dense FLOP/clock/SM, fp32 accumulate: assumed range
+SEED_REPORT_S = 2.5                           # the seed report: Orin Nano, 64x64, 100 steps
+TC_KINDS = ("gemm", "gate")                   # kernels with mma.sync at fp16/bf16
+ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    bw: float       # B/s, device memory (read + write)
+    tc: float       # FLOP/s, fp16/bf16 tensor-core matmul, fp32 accumulate
+    ffma: float     # FLOP/s, fp32 on the CUDA cores
+
+
+@dataclass(frozen=True)
+class OpFloor:
+    name: str
+    op_class: str   # runtime.cost: conv3x3, conv1x1, conv7x7, dwconv7x7, gate
+    kind: str       # the kernel family (runtime.gpu.ops.kernel_kind)
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float
+
+    @property
+    def floor_s(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+
+def orin(mhz: float, tc_per_sm_clk: float, bw: Optional[float] = None) -> Machine:
+    """The Orin Nano 8GB at a GPU clock; bandwidth from the datasheet pairing unless given."""
+    if bw is None:
+        if mhz not in ORIN_BW:
+            raise ValueError(f"no datasheet bandwidth for {mhz} MHz (known: {sorted(ORIN_BW)}); pass bw")
+        bw = ORIN_BW[mhz]
+    hz = mhz * 1e6
+    return Machine(f"Orin Nano 8GB @{mhz:g} MHz, TC {tc_per_sm_clk:g} FLOP/clk/SM", bw,
+                   ORIN_SMS * tc_per_sm_clk * hz, 2.0 * ORIN_CORES * hz)
+
+
+def op_floors(plan: Plan, m: Machine, precision: str = "fp16", batch: int = 1) -> List[OpFloor]:
+    """Every non-cat op: FLOPs at the rate of its kernel family, minimum bytes at the bandwidth."""
+    eb = ELEM_BYTES[precision]
+    ops = {op.out: op for op in plan.ops}
+    out = []
+    for c in plan_costs(plan):
+        kind = kernel_kind(ops[c.name], plan)
+        rate = m.tc if precision != "fp32" and kind in TC_KINDS else m.ffma
+        flops, nbytes = batch * c.flops, (batch * c.act_elems + c.weight_elems) * eb
+        out.append(OpFloor(c.name, c.op_class, kind, flops, nbytes, flops / rate, nbytes / m.bw))
+    return out
+
+
+def psample_floor_s(plan: Plan, m: Machine, batch: int = 1) -> float:
+    """One p_sample step: x, eps and z read, x written, fp32."""
+    c = plan.config
+    return 16.0 * batch * c.channels * c.image_size ** 2 / m.bw
+
+
+def call_floor_s(plan: Plan, m: Machine, precision: str = "fp16", batch: int = 1) -> float:
+    return sum(o.floor_s for o in op_floors(plan, m, precision, batch))
+
+
+def image_floor_s(plan: Plan, m: Machine, precision: str = "fp16", batch: int = 1, steps: int = 100) -> float:
+    """Seconds per image of a `steps`-step sampling at this batch."""
+    return steps * (call_floor_s(plan, m, precision, batch) + psample_floor_s(plan, m, batch)) / batch
+
+
+def by_class(floors: List[OpFloor], values: Optional[Dict[str, float]] = None) -> Dict[str, float]:
+    """Sum per op class of the floors (or of `values[name]` when given)."""
+    out: Dict[str, float] = {}
+    for o in floors:
+        out[o.op_class] = out.get(o.op_class, 0.0) + (o.floor_s if values is None else values[o.name])
+    return out
+
+
+# ---- measurement on this GPU ------------------------------------------------------------------------
+
+def matmul_rate(backend: Any, stream: Any, n: int, dtype: Any) -> float:
+    """FLOP/s of an n x n x n cuBLAS matmul (fp16: tensor cores, fp32 accumulate; fp32: SGEMM)."""
+    ms = _matmul_ms(backend, stream, n, dtype)
+    backend.cp.get_default_memory_pool().free_all_blocks()     # the operands are gone: give them back
+    return 2.0 * n ** 3 / (ms * 1e-3)
+
+
+def _matmul_ms(backend: Any, stream: Any, n: int, dtype: Any) -> float:
+    cp = backend.cp
+    rng = np.random.default_rng(0)
+    with stream:   # host-side casts and plain copies: no CuPy elementwise kernel to compile
+        a = cp.asarray(rng.standard_normal((n, n), dtype=np.float32).astype(dtype))
+        b = cp.asarray(rng.standard_normal((n, n), dtype=np.float32).astype(dtype))
+        return timed(backend, stream, lambda: cp.matmul(a, b), 2, 5, 3)   # the pool reuses the output block
+
+
+def measure_machine(backend: Any) -> Machine:
+    """Copy bandwidth (D2D memcpy) and matmul rates of this GPU, timed with events."""
+    if os.environ.get("CUPY_TF32", "0") != "0":
+        print("note: CUPY_TF32 is set: the fp32 matmul rate is a TF32 rate, not FFMA", file=sys.stderr)
+    s = backend.stream()
+    free = backend.mem_info()[0]
+    nbytes = int(min(1 << 30, free // 8)) // 256 * 256
+    src, dst = backend.alloc(nbytes), backend.alloc(nbytes)
+    backend.memset(src.ptr, 1, nbytes, s)
+    ms = timed(backend, s, lambda: backend.d2d(dst.ptr, src.ptr, nbytes, s), 2, 10, 3)
+    src.free()
+    dst.free()
+    n = 8192 if free > 16 * 8192 ** 2 * 4 else 4096
+    return Machine(f"{backend.device_name()} (measured)", 2.0 * nbytes / (ms * 1e-3),
+                   matmul_rate(backend, s, n, np.float16), matmul_rate(backend, s, n, np.float32))
+
+
+def l2_bytes(backend: Any) -> int:
+    try:
+        return int(backend.rt.getDeviceProperties(backend.device.id)["l2CacheSize"])
+    except Exception:   # unknown: assume a large L2 (H100/H200 have 50-60 MB)
+        return 64 << 20
+
+
+def measure_ops(weights: Any, backend: Any, precision: str, batch: int, repeats: int) -> Dict[str, Dict[str, float]]:
+    """Per op: `cold_ms`, the median of single launches with L2 flushed by a memset before each (the
+    memset also gives the host a head start, so the events time the kernel, not CuPy's launch), and
+    `hot_ms`, from replays of a CUDA graph of `repeats` back-to-back launches (data in L2 where it fits)."""
+    from runtime.gpu.executor import GpuExecutor
+    c = weights.config
+    x = np.random.default_rng(0).standard_normal((batch, c.channels, c.image_size, c.image_size))
+    flush_bytes = max(4 * l2_bytes(backend), 64 << 20)
+    flush = backend.alloc(flush_bytes)
+    out = {}
+    with GpuExecutor(weights, precision, batch=batch, backend=backend) as ex:
+        ex.eps(x.astype(np.float32), 50)    # every tensor holds real values; t = 50
+        s, e0, e1 = ex.stream, backend.event(), backend.event()
+        for L in ex.launches:
+            cold = []
+            for _ in range(repeats):
+                backend.memset(flush.ptr, 0, flush_bytes, s)
+                e0.record(s)
+                ex.launch_op(L.name, s)
+                e1.record(s)
+                e1.synchronize()
+                cold.append(e0.elapsed_ms(e1))
+            backend.capture_begin(s)
+            for _ in range(repeats):
+                ex.launch_op(L.name, s)
+            graph = backend.capture_end(s)
+            hot = timed(backend, s, lambda: graph.launch(s), 2, 5, 3) / repeats
+            out[L.name] = {"cold_ms": statistics.median(cold), "hot_ms": hot}
+    flush.free()
+    return out
+
+
+# ---- efficiency and prediction ----------------------------------------------------------------------
+
+def class_efficiency(plan: Plan, this: Machine, precision: str, batch: int,
+                     ops_ms: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
+    """measured / floor on this GPU per op class, for the cold and the hot per-op times."""
+    floors = op_floors(plan, this, precision, batch)
+    fl = by_class(floors)
+    out = {}
+    for k in ("cold", "hot"):
+        meas = by_class(floors, {n: v[f"{k}_ms"] * 1e-3 for n, v in ops_ms.items()})
+        out[k] = {c: meas[c] / fl[c] for c in fl}
+    return out
+
+
+@dataclass(frozen=True)
+class CallModel:
+    """t(call) = k x floor(call) + n_ops x fixed_s, fitted on this GPU from CUDA-graph replays of the
+    whole call at two batch sizes: k is how far the kernels stay from the roofline once they have
+    work (clipped at 1), fixed_s the per-launch cost that does not shrink with the work (latency,
+    ramp-up and tail, the gap between graph nodes)."""
+    k: float
+    fixed_s: float
+    n_ops: int
+    e_call: float       # measured / floor of the whole call at the smaller batch
+
+
+def fit_call_model(plan: Plan, this: Machine, precision: str, small: Tuple[int, float],
+                   big: Tuple[int, float]) -> CallModel:
+    """`small` and `big`: (batch, measured seconds per call)."""
+    f1, fb = (call_floor_s(plan, this, precision, b) for b, _ in (small, big))
+    t1, tb = small[1], big[1]
+    k = max(1.0, (tb - t1) / (fb - f1)) if fb > f1 else 1.0
+    n = len(plan_costs(plan))
+    return CallModel(k, max(0.0, (t1 - k * f1) / n), n, t1 / f1)
+
+
+def predict_orin(plan: Plan, precision: str = "fp16", batch: int = 1, steps: int = 100, k: float = 1.0,
+                 fixed_s: float = 0.0, this_mhz: Optional[float] = None) -> Dict[str, Tuple[float, float]]:
+    """Seconds per image on the Orin Nano per clock: min..max over the tensor-rate assumptions and,
+    when `this_mhz` is known, over the fixed cost kept in seconds or scaled by this_mhz / Orin MHz
+    (the same cycles). Defaults: the floor itself."""
+    n, out = len(plan_costs(plan)), {}
+    for mhz in ORIN_BW:
+        fixed = [fixed_s] + ([fixed_s * this_mhz / mhz] if this_mhz else [])
+        vals = []
+        for tc in ORIN_TC_PER_SM_CLK:
+            m = orin(mhz, tc)
+            call, ps = call_floor_s(plan, m, precision, batch), psample_floor_s(plan, m, batch)
+            vals += [steps * (k * call + n * f + ps) / batch for f in fixed]
+        out[f"{mhz} MHz"] = (min(vals), max(vals))
+    return out
+
+
+def gpu_mhz(backend: Any) -> Optional[float]:
+    try:
+        return float(backend.rt.getDeviceProperties(backend.device.id)["clockRate"]) / 1e3
+    except Exception:   # CUDA 13 dropped clockRate from the device properties
+        return None
+
+
+# ---- report ---------------------------------------------------------------------------------------------
+
+def print_floors(plan: Plan, machines: List[Machine], precision: str, batch: int, steps: int) -> None:
+    costs = plan_costs(plan)
+    print(f"plan: {len(costs)} ops, {batch * sum(c.flops for c in costs) / 1e9:.2f} GFLOP and "
+          f"{op_floor_bytes(plan, precision, batch) / 1e6:.1f} MB minimum traffic per call "
+          f"(batch {batch}, {precision})")
+    print(f"{'machine':<52} {'GB/s':>6} {'TC TF/s':>8} {'FFMA TF/s':>9} {'call us':>8} {'mem-bound':>9} "
+          f"{f'{steps}-step ms/img':>15}")
+    for m in machines:
+        floors = op_floors(plan, m, precision, batch)
+        mem = sum(o.memory_s >= o.compute_s for o in floors)
+        print(f"{m.name:<52} {m.bw / 1e9:>6.0f} {m.tc / 1e12:>8.1f} {m.ffma / 1e12:>9.2f} "
+              f"{1e6 * sum(o.floor_s for o in floors):>8.1f} {f'{mem}/{len(floors)}':>9} "
+              f"{1e3 * image_floor_s(plan, m, precision, batch, steps):>15.1f}")
+
+
+def op_floor_bytes(plan: Plan, precision: str, batch: int) -> float:
+    return sum((batch * c.act_elems + c.weight_elems) * ELEM_BYTES[precision] for c in plan_costs(plan))
+
+
+def print_measured(plan: Plan, this: Machine, precision: str, batch: int, ops_ms: Dict[str, Dict[str, float]],
+                   model: CallModel, calls: Dict[int, float]) -> None:
+    floors = op_floors(plan, this, precision, batch)
+    fl = by_class(floors)
+    cold = by_class(floors, {n: v["cold_ms"] * 1e-3 for n, v in ops_ms.items()})
+    hot = by_class(floors, {n: v["hot_ms"] * 1e-3 for n, v in ops_ms.items()})
+    count = {c: sum(o.op_class == c for o in floors) for c in fl}
+    print(f"\nthis GPU, each op alone ({precision}, batch {batch}): measured vs floor, per op class")
+    print(f"{'class':<10} {'ops':>4} {'floor us':>9} {'cold us':>9} {'hot us':>9} {'cold/floor':>10} {'hot/floor':>9}")
+    for c in sorted(fl, key=lambda k: -cold[k]):
+        print(f"{c:<10} {count[c]:>4} {1e6 * fl[c]:>9.1f} {1e6 * cold[c]:>9.1f} {1e6 * hot[c]:>9.1f} "
+              f"{cold[c] / fl[c]:>10.2f} {hot[c] / fl[c]:>9.2f}")
+    print(f"{'sum':<10} {len(floors):>4} {1e6 * sum(fl.values()):>9.1f} {1e6 * sum(cold.values()):>9.1f} "
+          f"{1e6 * sum(hot.values()):>9.1f}")
+    for b, t in calls.items():
+        f = call_floor_s(plan, this, precision, b)
+        print(f"whole call, batch {b} (CUDA-graph replay): {1e6 * t:.1f} us = {t / f:.2f} x its floor {1e6 * f:.1f} us")
+    print(f"fit: call = {model.k:.2f} x floor + {model.n_ops} x {1e6 * model.fixed_s:.2f} us")
+
+
+def print_prediction(steps: int, batch: int, lines: List[Tuple[str, Dict[str, Tuple[float, float]]]]) -> None:
+    print(f"\nOrin Nano 8GB, s per image ({steps} steps, batch {batch}); seed report: {SEED_REPORT_S} s")
+    for what, pred in lines:
+        ranges = "   ".join(f"@{clock}: {lo:.3f}-{hi:.3f}" for clock, (lo, hi) in pred.items())
+        print(f"  {what:<44} {ranges}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights", default=None, help="model .npz (default: the shipped model, else random)")
+    ap.add_argument("--precision", choices=tuple(ELEM_BYTES), default="fp16", help="(default: fp16)")
+    ap.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per image (default: the model's T)")
+    ap.add_argument("--repeats", type=int, default=50, help="launches per op and timing (default: 50)")
+    ap.add_argument("--fit-batch", type=int, default=32,
+                    help="second batch of the whole-call fit, where the kernels have work (default: 32)")
+    ap.add_argument("--no-gpu", action="store_true", help="floors only: measure nothing")
+    ap.add_argument("--json", default="", help="also write every figure to this JSON file")
+    return ap
+
+
+def load_model(path: Optional[str]) -> Any:
+    from runtime.weights import load_weights
+    path = path or str(models_dir() / "seed-unet-emoji64.npz")
+    return load_weights(path) if os.path.isfile(path) else RandomWeights(UNetConfig())
+
+
+def measure(weights: Any, plan: Plan, backend: Any, args: argparse.Namespace) -> Dict[str, Any]:
+    """This GPU: rates, per-op times, whole-call replays at --batch and --fit-batch, the call model."""
+    this = measure_machine(backend)
+    ops_ms = measure_ops(weights, backend, args.precision, args.batch, args.repeats)
+    timing = SimpleNamespace(warmup=20, iters=200, repeats=5, per_op=0)
+    calls = {b: 1e-3 * bench_ours(weights, args.precision, b, timing, backend)["graph_ms"]
+             for b in (args.batch, args.fit_batch)}
+    model = fit_call_model(plan, this, args.precision, (args.batch, calls[args.batch]),
+                           (args.fit_batch, calls[args.fit_batch]))
+    return {"this": this, "ops_ms": ops_ms, "calls_s": calls, "model": model, "mhz": gpu_mhz(backend),
+            "class_efficiency": class_efficiency(plan, this, args.precision, args.batch, ops_ms)}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if min(args.batch, args.repeats, args.steps or 1) < 1 or args.fit_batch <= args.batch:
+        raise SystemExit("roofline: --batch, --repeats, --steps must be >= 1 and --fit-batch > --batch")
+    weights = load_model(args.weights)
+    plan = build_plan(weights.config)
+    steps = args.steps or weights.config.timesteps
+    machines = [orin(mhz, tc) for mhz in ORIN_BW for tc in ORIN_TC_PER_SM_CLK]
+    backend, meas = None, None
+    if not args.no_gpu:
+        from runtime.gpu.backend import get_backend, gpu_available
+        reason = gpu_available("cupy")
+        if reason is None:
+            backend = get_backend("cupy")
+        else:
+            print(f"note: no GPU measurement ({reason})", file=sys.stderr)
+    if backend is not None:
+        meas = measure(weights, plan, backend, args)
+        machines.insert(0, meas["this"])
+    print_floors(plan, machines, args.precision, args.batch, steps)
+    lines = [("floor", predict_orin(plan, args.precision, args.batch, steps))]
+    if meas is not None:
+        m = meas["model"]
+        print_measured(plan, meas["this"], args.precision, args.batch, meas["ops_ms"], m, meas["calls_s"])
+        lines.append(("predicted: k x floor + fixed cost per launch",
+                      predict_orin(plan, args.precision, args.batch, steps, m.k, m.fixed_s, meas["mhz"])))
+        lines.append(("pessimistic: floor x this GPU's call/floor",
+                      predict_orin(plan, args.precision, args.batch, steps, m.e_call)))
+    print_prediction(steps, args.batch, lines)
+    if args.json:
+        write_json(args.json, plan, machines, args, steps, meas, lines)
+    return 0
+
+
+def write_json(path: str, plan: Plan, machines: List[Machine], args: argparse.Namespace, steps: int,
+               meas: Optional[Dict[str, Any]], lines: List[Tuple[str, Dict[str, Tuple[float, float]]]]) -> None:
+    doc: Dict[str, Any] = {"precision": args.precision, "batch": args.batch, "steps": steps,
+                           "seed_report_s": SEED_REPORT_S, "machines": [asdict(m) for m in machines],
+                           "assumptions": {"orin_bw": ORIN_BW, "orin_tc_flop_per_clk_sm": ORIN_TC_PER_SM_CLK,
+                                           "orin_sms": ORIN_SMS, "orin_cuda_cores": ORIN_CORES},
+                           "floors": {m.name: [dict(asdict(o), floor_s=o.floor_s)
+                                               for o in op_floors(plan, m, args.precision, args.batch)]
+                                      for m in machines},
+                           "orin_s_per_image": {what: pred for what, pred in lines}}
+    if meas is not None:
+        doc.update({k: v for k, v in meas.items() if k not in ("this", "model")},
+                   this_gpu=asdict(meas["this"]), call_model=asdict(meas["model"]))
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
