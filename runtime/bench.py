@@ -127,15 +127,16 @@ def _unique(values: Sequence[Any]) -> List[Any]:
 
 
 def resolve_backend(name: str, notice: Notice) -> Tuple[str, Any]:
-    """("cupy", backend) or ("numpy", None); auto falls back to numpy with a notice."""
+    """(GPU backend name, its backend) or ("numpy", None); auto tries CuPy, else numpy with a notice."""
     if name == "numpy":
         return "numpy", None
+    gpu_name = "cupy" if name == "auto" else name
     try:
         from .gpu.backend import get_backend
         from .gpu import sampling  # noqa: F401  (imported now, not inside the timed setup)
-        return "cupy", get_backend("cupy")
+        return gpu_name, get_backend(gpu_name)
     except (BackendUnavailable, ImportError) as e:
-        if name == "cupy":
+        if name != "auto":
             raise BackendUnavailable(str(e)) from None
         notice(f"note: no usable GPU ({e}); using the NumPy reference backend")
         return "numpy", None
@@ -144,10 +145,10 @@ def resolve_backend(name: str, notice: Notice) -> Tuple[str, Any]:
 def resolve_precisions(wanted: Sequence[str], backend: str) -> List[str]:
     out = []
     for p in _unique(wanted):
-        p = ("fp16" if backend == "cupy" else "fp32") if p == "auto" else p
+        p = ("fp32" if backend == "numpy" else "fp16") if p == "auto" else p
         if backend == "numpy" and p not in NUMPY_PRECISIONS:
             raise UsageError(f"the numpy backend computes in fp32 or fp64, not {p}")
-        if backend == "cupy" and p == "fp64":
+        if backend != "numpy" and p == "fp64":
             raise UsageError("the GPU backend computes in fp32, fp16 or bf16, not fp64")
         out.append(p)
     return _unique(out)
@@ -186,6 +187,9 @@ class NumpyEngine:
     def run(self, steps: list, seed: int, timeline: Any = None) -> Any:
         return to_uint8(sample_loop(self.ref.eps, self.shape, steps, seed))
 
+    def wait_ready(self) -> None:
+        pass
+
     def report(self) -> Dict[str, Any]:
         return {}
 
@@ -201,6 +205,12 @@ class GpuEngine:
 
     def run(self, steps: list, seed: int, timeline: Any = None) -> Any:
         return to_uint8(self.sampler.run(steps, seed, None, timeline))
+
+    def wait_ready(self) -> None:
+        """The executors return with the weight upload still in flight (early start): wait for it."""
+        for ex in self.sampler.executors:
+            ex.wait_weights(ex.stream)
+            ex.stream.synchronize()
 
     def report(self) -> Dict[str, Any]:
         exs = self.sampler.executors
@@ -240,6 +250,8 @@ def bench_config(cfg: BenchConfig, weights: Any, gpu: Any, args: argparse.Namesp
     free0 = _free_bytes(gpu)
     t_setup = tel.mark(f"{cfg.label} | setup")
     eng = GpuEngine(weights, cfg, gpu) if gpu is not None else NumpyEngine(weights, cfg)
+    t_built = time.perf_counter()
+    eng.wait_ready()
     t_warm = tel.mark(f"{cfg.label} | warmup")
     frees = [_free_bytes(gpu)]
     try:
@@ -251,7 +263,7 @@ def bench_config(cfg: BenchConfig, weights: Any, gpu: Any, args: argparse.Namesp
         rec["engine"] = eng.report()
     finally:
         eng.close()
-    rec["setup_s"] = t_warm - t_setup
+    rec["setup_s"], rec["construct_s"] = t_warm - t_setup, t_built - t_setup
     rec["phases"] = {"setup": [t_setup, t_warm], "warmup": [t_warm, rec["runs"][0]["t0"]],
                      "runs": [rec["runs"][0]["t0"], rec["runs"][-1]["t1"]]}
     if free0 is not None:
@@ -271,8 +283,9 @@ def _child_env(cache_dir: Optional[str]) -> Dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)   # the folder holding the runtime package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if cache_dir is not None:
-        env["CUPY_CACHE_DIR"] = cache_dir
+    if cache_dir is not None:   # CuPy's kernel cache, and the pycuda backend's cubin cache
+        env["CUPY_CACHE_DIR"] = os.path.join(cache_dir, "cupy")
+        env["JETSON_UNET_CACHE"] = os.path.join(cache_dir, "jetson-unet")
     return env
 
 
@@ -291,22 +304,22 @@ def time_child(cmd: List[str], env: Dict[str, str], timeout: float) -> Dict[str,
 
 
 def cold_start(cfg: BenchConfig, args: argparse.Namespace, notice: Notice) -> Dict[str, Any]:
-    """`python -m runtime.cli --batch 1` timed to exit; on CuPy once cold (empty CUPY_CACHE_DIR) and
-    once warm (the cache the cold run filled); on numpy once (there is no kernel cache)."""
+    """`python -m runtime.cli --batch 1` timed to exit; on a GPU once cold (empty kernel caches) and
+    once warm (the caches the cold run filled); on numpy once (there is no kernel cache)."""
     cmd = [sys.executable, "-m", "runtime.cli", "--weights", str(args.weights), "--batch", "1",
            "--backend", cfg.backend, "--precision", cfg.precision, "--sampler", cfg.sampler,
            "--eta", repr(args.eta), "--seed", str(args.seed), "--quiet"]
     if cfg.sampler == "ddim":
         cmd += ["--steps", str(cfg.steps)]
-    if cfg.backend == "cupy":
+    gpu = cfg.backend != "numpy"
+    if gpu:
         cmd += ["--mode", cfg.mode] + ([] if cfg.graphs else ["--no-graphs"])
     tmp = tempfile.mkdtemp(prefix="jetson-bench-")
     try:
-        cache = os.path.join(tmp, "kernel_cache") if cfg.backend == "cupy" else None
-        env = _child_env(cache)
+        env = _child_env(os.path.join(tmp, "cache") if gpu else None)
         rec: Dict[str, Any] = {"cmd": cmd, "cold": time_child(cmd + ["--out", os.path.join(tmp, "c.png")], env,
                                                               args.cold_timeout)}
-        if cfg.backend == "cupy":
+        if gpu:
             rec["warm"] = time_child(cmd + ["--out", os.path.join(tmp, "w.png")], env, args.cold_timeout)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

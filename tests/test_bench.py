@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -241,3 +242,25 @@ def test_roofline_call_model_fit_and_prediction():
     worst = roofline.predict_orin(plan, "fp16", 1, 100, model.e_call)
     for clock in floor:
         assert floor[clock][0] < pred[clock][0] <= pred[clock][1] < worst[clock][1]
+
+
+def test_gpu_cold_start_runs_cold_then_warm_on_one_fresh_cache(weights_path, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_child(cmd, env, timeout):
+        calls.append((cmd, env))
+        return {"s": 1.0 + len(calls), "rc": 0, "sample_s": 0.5, "error": None}
+
+    monkeypatch.setattr(bench, "time_child", fake_child)
+    args = bench.build_parser().parse_args(base_args(weights_path, tmp_path))
+    cfg = bench.BenchConfig("cupy", "fp16", "gpu", "ddim", 2, 4, False)
+    rec = bench.cold_start(cfg, args, notice=lambda m: None)
+    assert (rec["cold"]["s"], rec["warm"]["s"]) == (2.0, 3.0)
+    (cold_cmd, cold_env), (warm_cmd, warm_env) = calls
+    for flags in (["--batch", "1"], ["--backend", "cupy"], ["--mode", "gpu"], ["--steps", "2"], ["--no-graphs"]):
+        i = cold_cmd.index(flags[0])
+        assert cold_cmd[i:i + len(flags)] == flags, (flags, cold_cmd)
+    assert cold_cmd[:3] == [sys.executable, "-m", "runtime.cli"]
+    cache = cold_env["CUPY_CACHE_DIR"]
+    assert warm_env["CUPY_CACHE_DIR"] == cache and cache != os.environ.get("CUPY_CACHE_DIR")
+    assert not Path(cache).parent.parent.exists()           # the temporary caches are removed
