@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_unet import RandomWeights, bench_ours, timed  # noqa: E402
+from bench_unet import RandomWeights, bench_ours, per_op_times, timed  # noqa: E402
 
 from runtime import models_dir  # noqa: E402
 from runtime.config import UNetConfig  # noqa: E402
@@ -165,7 +165,8 @@ def l2_bytes(backend: Any) -> int:
 def measure_ops(weights: Any, backend: Any, precision: str, batch: int, repeats: int) -> Dict[str, Dict[str, float]]:
     """Per op: `cold_ms`, the median of single launches with L2 flushed by a memset before each (the
     memset also gives the host a head start, so the events time the kernel, not CuPy's launch), and
-    `hot_ms`, from replays of a CUDA graph of `repeats` back-to-back launches (data in L2 where it fits)."""
+    `hot_ms`, from replays of a CUDA graph of `repeats` back-to-back launches (bench_unet.per_op_times:
+    the op's data stays in L2 where it fits)."""
     from runtime.gpu.executor import GpuExecutor
     c = weights.config
     x = np.random.default_rng(0).standard_normal((batch, c.channels, c.image_size, c.image_size))
@@ -173,7 +174,7 @@ def measure_ops(weights: Any, backend: Any, precision: str, batch: int, repeats:
     flush = backend.alloc(flush_bytes)
     out = {}
     with GpuExecutor(weights, precision, batch=batch, backend=backend) as ex:
-        ex.eps(x.astype(np.float32), 50)    # every tensor holds real values; t = 50
+        ex.eps(x.astype(np.float32), 50)    # weights landed, every tensor holds real values; t = 50
         s, e0, e1 = ex.stream, backend.event(), backend.event()
         for L in ex.launches:
             cold = []
@@ -184,12 +185,9 @@ def measure_ops(weights: Any, backend: Any, precision: str, batch: int, repeats:
                 e1.record(s)
                 e1.synchronize()
                 cold.append(e0.elapsed_ms(e1))
-            backend.capture_begin(s)
-            for _ in range(repeats):
-                ex.launch_op(L.name, s)
-            graph = backend.capture_end(s)
-            hot = timed(backend, s, lambda: graph.launch(s), 2, 5, 3) / repeats
-            out[L.name] = {"cold_ms": statistics.median(cold), "hot_ms": hot}
+            out[L.name] = {"cold_ms": statistics.median(cold)}
+        for name, _symbol, _grid, us in per_op_times(ex, backend, reps=repeats):
+            out[name]["hot_ms"] = us * 1e-3
     flush.free()
     return out
 
