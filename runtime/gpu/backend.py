@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, KernelCompileError
 
-BACKENDS = ("cupy",)
+BACKENDS = ("cupy", "pycuda")
 
 
 class DeviceBuffer:
@@ -172,7 +172,11 @@ def get_backend(name: str = "cupy") -> Any:
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown GPU backend {name!r} (choose from {', '.join(BACKENDS)})")
     if name not in _CACHE:
-        _CACHE[name] = CupyBackend()
+        if name == "pycuda":   # imported lazily: pycuda is optional (docs/pycuda.md)
+            from .backend_pycuda import PycudaBackend
+            _CACHE[name] = PycudaBackend()
+        else:
+            _CACHE[name] = CupyBackend()
     return _CACHE[name]
 
 

@@ -1,0 +1,215 @@
+"""The GPU suite through the pycuda backend (`--backend pycuda`), and pycuda beside CuPy in one process.
+
+The whole-U-Net and per-op tests are the CuPy suite's own functions, collected again here: this
+module's `backend` fixture (pycuda) overrides tests/gpu/conftest.py's (CuPy) for them. Sampling runs
+with graphs=False (pycuda has no capture API). Skipped when pycuda, its driver or nvcc is missing.
+
+KernelSet caches compiled modules by (source, options) for the whole process, not per backend: a
+pycuda executor would be handed the CuPy suite's module of the same text. Until that key names the
+backend, every test here runs with a kernel cache of its own backend (`kernels_of`).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Dict
+
+import numpy as np
+import pytest
+
+import test_gpu_ops as ops_suite
+import test_gpu_unet as unet_suite
+from conftest import report
+from runtime import models_dir
+from runtime.config import UNetConfig
+from runtime.errors import BackendUnavailable
+from runtime.gpu.executor import GpuExecutor
+from runtime.gpu.kernels import KernelSet
+from runtime.gpu.sampling import GpuSampler
+from runtime.reference import Reference
+from runtime.schedule import make_steps, sample_loop
+from runtime.weights import Weights, load_weights, random_params
+
+_CACHES: Dict[str, Dict[Any, Any]] = {"cupy": KernelSet._cache}   # the CuPy suite's modules stay reusable
+RUN_TOL_FP32 = 1e-3     # as test_gpu_sampling: x_0 vs the NumPy loop after a whole run
+# pycuda (nvcc) vs CuPy (NVRTC) on the same source: the same SASS gives identical images; another
+# compiler build may contract or order a few FMAs differently (fp32 ~1e-7 per op), which the
+# fp16 activations round away or carry as the gpu/cpu mode difference does (test_gpu_sampling).
+CROSS_TOL = 1e-4
+
+
+@contextlib.contextmanager
+def kernels_of(be: Any):
+    saved = KernelSet._cache
+    KernelSet._cache = _CACHES.setdefault(be.name, {})
+    try:
+        yield
+    finally:
+        KernelSet._cache = saved
+
+
+@pytest.fixture(scope="module")
+def backend() -> Any:
+    try:
+        from runtime.gpu.backend import get_backend
+        return get_backend("pycuda")
+    except (BackendUnavailable, ImportError) as e:
+        pytest.skip(f"pycuda backend not usable: {e}")
+
+
+@pytest.fixture(autouse=True)
+def pycuda_kernel_cache(request):
+    with contextlib.ExitStack() as stack:
+        if "backend" in request.fixturenames:
+            stack.enter_context(kernels_of(request.getfixturevalue("backend")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def cupy_backend() -> Any:
+    try:
+        from runtime.gpu.backend import get_backend
+        return get_backend("cupy")
+    except (BackendUnavailable, ImportError) as e:
+        pytest.skip(f"CuPy not usable, nothing to compare with: {e}")
+
+
+@pytest.fixture(scope="module")
+def weights() -> Any:
+    path = models_dir() / "seed-unet-emoji64.npz"
+    if path.is_file():
+        return load_weights(path)
+    cfg = UNetConfig()
+    return Weights("random", cfg, random_params(cfg, 4), {"param_dtype": "float32"})
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# ---- the CuPy suite's tests, through pycuda --------------------------------------------------------
+case = unet_suite.case
+test_pycuda_unet_matches_float64_reference = unet_suite.test_unet_matches_float64_reference
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_pycuda_every_op_odd_b3(backend, precision):
+    """Spot check of every kernel on odd channel counts (the full matrix runs in the CuPy suite)."""
+    cfg, batch = ops_suite.ODD, 3
+    weights = ops_suite.W(cfg, seed=batch)
+    with GpuExecutor(weights, precision, batch=batch, backend=backend) as ex:
+        errors = ops_suite.check_all_ops(ex, weights, seed=10 + batch)
+    l2_tol, max_tol = ops_suite.OP_TOL[precision]
+    bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
+    worst = max(errors, key=lambda e: e[2])
+    report(f"pycuda ops odd b{batch} {precision}: worst l2 {worst[2]:.2e} at {worst[0]} ({worst[1]}); {len(bad)} bad")
+    assert not bad, f"{len(bad)} ops off (first: {bad[:5]})"
+
+
+# ---- backend primitives --------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_pycuda_copies_memset_events_host_func(backend):
+    rng = np.random.default_rng(1)
+    n = 1 << 20
+    src = backend.pinned((n,), np.float32)
+    src[...] = rng.standard_normal(n, dtype=np.float32)
+    out = backend.pinned((2 * n,), np.float32)
+    out[...] = np.nan
+    a, b = backend.alloc(4 * n), backend.alloc(8 * n)
+    s = backend.stream()
+    e0, e1 = backend.event(), backend.event()
+    seen = []
+    e0.record(s)
+    backend.h2d(a.ptr, src, s)
+    backend.d2d(b.ptr, a.ptr, 4 * n, s)
+    backend.memset(b.ptr + 4 * n, 0x3F, 4 * n, s)        # 0x3F3F3F3F = 0.7470...
+    backend.d2h(out, b.ptr, s)
+    backend.host_func(s, seen.append, "after the copies")
+    e1.record(s)
+    e1.synchronize()
+    s.synchronize()
+    assert e1.done() and e0.elapsed_ms(e1) >= 0.0
+    assert seen == ["after the copies"]
+    assert np.array_equal(out[:n], src)
+    assert np.all(out[n:].view(np.uint32) == 0x3F3F3F3F)
+    free, total = backend.mem_info()
+    assert 0 < free <= total and backend.sm_count() >= 1 and backend.arch() >= 50
+    a.free()
+    b.free()
+    b.free()   # twice is fine
+
+
+@pytest.mark.gpu
+def test_pycuda_capture_says_use_no_graphs(backend):
+    s = backend.stream()
+    with pytest.raises(BackendUnavailable, match="graphs=False"):
+        backend.capture_begin(s)
+    assert backend.supports_graphs is False
+
+
+@pytest.mark.gpu
+def test_pycuda_worker_threads(backend, case):
+    """Calls from threads other than the main one push and pop the context around each call (a
+    thread that exited with the context pushed would abort the process)."""
+    weights, x, t, _, _ = case
+    with GpuExecutor(weights, "fp16", batch=1, backend=backend) as ex:
+        main = ex.eps(x[:1], t[:1])
+        got: Dict[str, Any] = {}
+
+        def work():
+            try:
+                got["shared"] = ex.eps(x[:1], t[:1])
+                with GpuExecutor(weights, "fp16", batch=1, backend=backend) as own:
+                    got["own"] = own.eps(x[:1], t[:1])
+            except BaseException as e:   # surfaced below, in the main thread
+                got["error"] = e
+
+        th = threading.Thread(target=work)
+        th.start()
+        th.join()
+    assert "error" not in got, got.get("error")
+    assert np.array_equal(got["shared"], main) and np.array_equal(got["own"], main)
+
+
+# ---- sampling (graphs=False), and equality with the CuPy backend ------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
+def test_pycuda_sampling_matches_reference_loop(backend, weights, mode):
+    steps = make_steps(weights.config.schedule, "ddim", 6, eta=1.0)
+    shape = (3, 3, weights.config.image_size, weights.config.image_size)
+    want = sample_loop(Reference(weights, np.float32).eps, shape, steps, seed=11)
+    s = GpuSampler(weights, "fp32", 3, mode=mode, graphs=False, backend=backend)
+    try:
+        got = s.run(steps, seed=11)
+    finally:
+        s.close()
+    err = rel(got, want)
+    report(f"pycuda sampling {mode} fp32 b3 ddim6 eta1 vs numpy loop: rel L2 {err:.2e}")
+    assert got.shape == want.shape and np.isfinite(got).all()
+    assert err < RUN_TOL_FP32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
+def test_pycuda_equals_cupy_in_one_process(backend, cupy_backend, weights, mode):
+    """Both backends' samplers alive at once (memory, streams, modules of each), runs interleaved."""
+    steps = make_steps(weights.config.schedule, "ddim", 10, eta=1.0)
+    samplers: Dict[str, GpuSampler] = {}
+    out = {}
+    try:
+        for be in (cupy_backend, backend):
+            with kernels_of(be):
+                samplers[be.name] = GpuSampler(weights, "fp16", 2, mode=mode, graphs=False, backend=be)
+        for again in ("", " again"):
+            for name, s in samplers.items():
+                out[name + again] = s.run(steps, seed=7)
+    finally:
+        for s in samplers.values():
+            s.close()
+    err = rel(out["pycuda"], out["cupy"])
+    same = bool(np.array_equal(out["pycuda"], out["cupy"]))
+    report(f"pycuda vs cupy sampling {mode} fp16 b2 ddim10 eta1: rel L2 {err:.2e}, bitwise equal {same}")
+    assert np.array_equal(out["pycuda"], out["pycuda again"])
+    assert np.array_equal(out["cupy"], out["cupy again"])
+    assert err < CROSS_TOL
