@@ -168,7 +168,7 @@ def build_grid(args: argparse.Namespace, backend: str, schedule: Any) -> List[Be
                 counts = [T] if sampler == "ddpm" else _unique(args.steps or [T])
                 for n in counts:
                     make_steps(schedule, sampler, None if sampler == "ddpm" else n, args.eta)   # validates
-                    graphs = mode == "gpu" and not args.no_graphs     # graphs exist in gpu mode only
+                    graphs = mode == "gpu" and not args.no_graphs and backend != "pycuda"   # gpu mode only; pycuda: none
                     for b in _unique(args.batch):
                         grid.append(BenchConfig(backend, precision, mode, sampler, n, b, graphs))
     return grid

@@ -29,8 +29,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                description="Generate images with a seed-unet diffusion model (GPU through CuPy, or the "
-                            "NumPy reference on the CPU).")
+                description="Generate images with a seed-unet diffusion model (GPU through CuPy or pycuda, "
+                            "or the NumPy reference on the CPU).")
     p.add_argument("--weights", default=str(default_weights_path()), help="model .npz (the shipped model by default)")
     p.add_argument("--out", default="samples.png", help="PNG grid to write")
     p.add_argument("--save-each", metavar="DIR", default=None, help="also write each image as DIR/NNN.png")
@@ -40,13 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0: deterministic)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise stream")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="auto: CuPy GPU when usable, else NumPy with a notice")
+                   help="auto: CuPy when usable, else pycuda, else NumPy with a notice; pycuda runs "
+                        "without CUDA graphs (as --no-graphs)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto: fp16 on the GPU, fp32 on the CPU")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help=f"GPU sampling: gpu (p_sample kernel, CUDA-graph steps), cpu (p_sample on the CPU, "
                         f"overlapped); auto = {DEFAULT_GPU_MODE}")
-    p.add_argument("--no-graphs", action="store_true", help="gpu mode without CUDA graphs (plain launches)")
+    p.add_argument("--no-graphs", action="store_true", help="gpu mode without CUDA graphs (plain launches); always so with --backend pycuda")
     p.add_argument("--trace", metavar="JSON", default=None,
                    help="write a Chrome/Perfetto timeline of the GPU streams and the CPU (GPU backends)")
     p.add_argument("--nrow", type=int, default=0, help="images per grid row (0: square-ish)")

@@ -21,7 +21,8 @@ from .errors import BackendUnavailable, UsageError
 from .schedule import make_steps, sample_loop, to_uint8
 from .weights import Weights, load_weights
 
-BACKEND_CHOICES = ("auto", "numpy", "cupy")
+BACKEND_CHOICES = ("auto", "numpy", "cupy", "pycuda")
+GPU_BACKENDS = ("cupy", "pycuda")   # auto tries them in this order
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp64")
 NUMPY_PRECISIONS = {"fp32": np.float32, "fp64": np.float64}
 GPU_PRECISIONS = ("fp32", "fp16", "bf16")
@@ -56,7 +57,7 @@ class Pipeline:
             raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         if backend == "numpy" and precision in ("fp16", "bf16"):
             raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
-        if backend == "cupy" and precision == "fp64":
+        if backend in GPU_BACKENDS and precision == "fp64":
             raise UsageError("the GPU backend computes in fp32, fp16 or bf16, not fp64")
         self.weights = weights if isinstance(weights, Weights) else load_weights(weights or default_weights_path())
         self.config = self.weights.config
@@ -65,17 +66,19 @@ class Pipeline:
         self.backend, self.precision = self._open_engine(backend, precision, notice)
 
     def _open_engine(self, backend: str, precision: str, notice: Callable[[str], None]):
-        if backend in ("auto", "cupy") and precision != "fp64":
-            gpu_precision = "fp16" if precision == "auto" else precision
-            try:
-                from .gpu.backend import get_backend
-                get_backend("cupy")
-                self._gpu_precision = gpu_precision
-                return "cupy", gpu_precision
-            except (BackendUnavailable, ImportError) as e:
-                if backend == "cupy":
-                    raise BackendUnavailable(str(e)) from None
-                notice(f"note: no usable GPU ({e}); using the NumPy reference backend")
+        if backend != "numpy" and precision != "fp64":
+            from .gpu.backend import get_backend
+            reasons = []
+            for name in (GPU_BACKENDS if backend == "auto" else (backend,)):
+                try:
+                    get_backend(name)
+                    self._gpu_precision = "fp16" if precision == "auto" else precision
+                    return name, self._gpu_precision
+                except (BackendUnavailable, ImportError) as e:
+                    if backend != "auto":
+                        raise BackendUnavailable(str(e)) from None
+                    reasons.append(f"{name}: {e}")
+            notice(f"note: no usable GPU ({'; '.join(reasons)}); using the NumPy reference backend")
         if precision in ("fp16", "bf16"):
             raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
         from .reference import Reference
@@ -89,8 +92,10 @@ class Pipeline:
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
+            from .gpu.backend import get_backend
             from .gpu.sampling import GpuSampler
-            self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs)
+            self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs,
+                                      backend=get_backend(self.backend))
         return self._engine
 
     def sample(self, batch: int = 1, steps: Optional[int] = None, sampler: str = "ddpm", eta: float = 0.0,

@@ -129,7 +129,7 @@ class KernelSet:
         self.options = nvrtc_options(arch)
         self.source = module_source(keys)
         self.symbols: List[str] = sorted({k.symbol for k in keys})
-        ck = (self.source, self.options)
+        ck = (getattr(backend, "name", type(backend).__name__), self.source, self.options)   # per backend
         mod = KernelSet._cache.get(ck)
         if mod is None:
             mod = backend.compile(self.source, f"{name}.cu", self.options, self.symbols)

@@ -13,6 +13,7 @@ gpu (beyond the seeds): p_sample is a kernel; the noise is drawn on the CPU from
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -45,7 +46,8 @@ class GpuSampler:
             raise UsageError(f"unknown GPU sampling mode {mode!r} (choose from {', '.join(MODES)})")
         from .backend import get_backend
         self.backend = backend or get_backend("cupy")
-        self.mode, self.batch, self.graphs, self.precision = mode, int(batch), bool(graphs), precision
+        self.mode, self.batch, self.precision = mode, int(batch), precision
+        self.graphs = bool(graphs) and getattr(self.backend, "supports_graphs", True)   # pycuda: none
         halves = [batch] if mode == "gpu" or batch < 2 else [batch - batch // 2, batch // 2]
         self.executors = [GpuExecutor(weights, precision, b, self.backend) for b in halves]
         self.config = weights.config
@@ -207,24 +209,32 @@ class GpuSampler:
         pin_t[...] = steps[0].t
         be.h2d(ex.t_idx_ptr, pin_t, s0)
         done = [be.event(timing=False) for _ in steps]
-        drawn = 0
-        for s, st in enumerate(steps):
-            if st.sigma > 0 and rows[s] >= drawn:   # next chunk of noise: draw, upload, make s0 wait
-                drawn = self._upload_noise(noise, steps, s, rows, drawn, s0)
-            if self.graphs and self._graph is None and s >= 1:
-                self._capture(s0)
-            e0, e1 = tl.gpu_span("compute 0", f"step {s}", s0)
-            if self._graph is not None:
-                self._graph.launch(s0)
-            else:
-                self._enqueue_step(s0)
-            if e1 is not None:
-                e1.record(s0)
-            done[s].record(s0)
-            if s >= 1:    # keep at most two steps queued: progress and cancel within one step
-                self._sync(done[s - 1], s - 1)
-                if cb is not None:
-                    cb(s - 1, len(steps))
+        producer = _NoiseProducer(noise, self._host_noise, int(rows[-1]) + 1 if len(rows) else 0)
+        producer.start()
+        try:
+            uploaded = 0
+            for s, st in enumerate(steps):
+                need = int(rows[s]) + 1 if st.sigma > 0 else 0
+                ready = producer.wait_rows(need) if need > uploaded else producer.ready
+                if ready > uploaded:      # whatever the producer has drawn so far goes up now
+                    self._upload_rows(uploaded, ready, s0)
+                    uploaded = ready
+                if self.graphs and self._graph is None and s >= 1:
+                    self._capture(s0)
+                e0, e1 = tl.gpu_span("compute 0", f"step {s}", s0)
+                if self._graph is not None:
+                    self._graph.launch(s0)
+                else:
+                    self._enqueue_step(s0)
+                if e1 is not None:
+                    e1.record(s0)
+                done[s].record(s0)
+                if s >= 1:    # keep at most two steps queued: progress and cancel within one step
+                    self._sync(done[s - 1], s - 1)
+                    if cb is not None:
+                        cb(s - 1, len(steps))
+        finally:
+            producer.halt()
         self._sync(done[-1], len(steps) - 1)
         if cb is not None:
             cb(len(steps) - 1, len(steps))
@@ -232,17 +242,49 @@ class GpuSampler:
         s0.synchronize()
         return np.ascontiguousarray(pin_x.transpose(0, 3, 1, 2)).copy()
 
-    def _upload_noise(self, noise: NoiseStream, steps: List[Step], s: int, rows: np.ndarray, drawn: int,
-                      s0: Any) -> int:
-        """Draw the next NOISE_CHUNK noisy steps (spec order), upload them on the copy stream."""
-        be, n = self.backend, self.batch * self.image_elems
-        last = min(drawn + NOISE_CHUNK, int(rows[-1]) + 1 if len(rows) else 0)
-        t0 = time.perf_counter()
-        for r in range(drawn, last):
-            self._host_noise[r] = nchw_to_nhwc(noise.draw()).reshape(-1)
-        chunk = self._host_noise[drawn:last]
-        be.h2d(self._off["noise"] + 4 * n * drawn, chunk, self.copy)
-        ev = be.event(timing=False)
+    def _upload_rows(self, first: int, last: int, s0: Any) -> None:
+        """Noise rows [first, last) to the device on the copy stream; s0 waits for them."""
+        n = self.batch * self.image_elems
+        self.backend.h2d(self._off["noise"] + 4 * n * first, self._host_noise[first:last], self.copy)
+        ev = self.backend.event(timing=False)
         ev.record(self.copy)
-        be.wait(s0, ev)
-        return last
+        self.backend.wait(s0, ev)
+
+
+class _NoiseProducer(threading.Thread):
+    """Draws the noisy steps' z in the spec's order into pinned rows, NOISE_CHUNK rows at a time,
+    ahead of the GPU: NumPy's generator releases the GIL while it fills an array, so drawing
+    overlaps the host's launching and the GPU's work instead of stalling the queue."""
+
+    def __init__(self, noise: NoiseStream, host: np.ndarray, n_rows: int) -> None:
+        super().__init__(name="noise-producer", daemon=True)
+        self.noise, self.host, self.n_rows = noise, host, n_rows
+        self.ready, self.error, self._stop_flag = 0, None, False
+        self._cond = threading.Condition()
+
+    def run(self) -> None:
+        try:
+            for r in range(self.n_rows):
+                if self._stop_flag:
+                    return
+                self.host[r] = nchw_to_nhwc(self.noise.draw()).reshape(-1)
+                if (r + 1) % NOISE_CHUNK == 0 or r + 1 == self.n_rows:
+                    with self._cond:
+                        self.ready = r + 1
+                        self._cond.notify_all()
+        except BaseException as e:   # surfaced in the sampling thread by wait_rows
+            with self._cond:
+                self.error = e
+                self._cond.notify_all()
+
+    def wait_rows(self, k: int) -> int:
+        with self._cond:
+            while self.ready < k and self.error is None:
+                self._cond.wait()
+        if self.error is not None:
+            raise self.error
+        return self.ready
+
+    def halt(self) -> None:
+        self._stop_flag = True
+        self.join()

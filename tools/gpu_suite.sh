@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole GPU suite and the benchmarks in one command, for a GPU machine (the lent H100/H200, a
+# Jetson, a workstation). Every step has its own time limit; all output goes to one log under
+# $OUT (default out/gpu-suite) plus the JSON/PNG results, so a cut-off run still reports.
+#   OUT=/tmp/x bash tools/gpu_suite.sh            # everything
+#   QUICK=1 bash tools/gpu_suite.sh               # tests only
+set -u
+OUT=${OUT:-out/gpu-suite}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then   # wheels carried to a machine without a network (pycuda)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+LOG="$OUT/all.log"
+step() {
+  local name=$1 limit=$2; shift 2
+  echo "=== $name ($(date +%T), limit ${limit}s): $*" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  echo "=== rc=$? $name" | tee -a "$LOG"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >>"$LOG" 2>&1
+step gpu-tests 220 env GPU_REPORT="$OUT/gpu-report.txt" python3 -m pytest -m gpu tests/gpu -q -rs \
+  --ignore=tests/gpu/test_gpu_pycuda.py
+[ -n "${QUICK:-}" ] && exit 0
+step sample 60 python3 -m runtime.cli --backend cupy --batch 16 --seed 0 --out "$OUT/gpu-samples.png" \
+  --trace "$OUT/trace.json" --quiet
+step bench-sampling 200 python3 tools/bench_sampling.py --batch 1 16 --repeat 3 --json "$OUT/bench_sampling.json"
+step jetson-bench 90 python3 -m runtime.bench --backend cupy --batch 1 16 --precision fp16 --mode gpu cpu \
+  --runs 3 --warmup 1 --telemetry auto --interval 0.05 --cold none --out "$OUT/jbench"
+step pycuda-tests 150 python3 -m pytest -m gpu tests/gpu/test_gpu_pycuda.py -q -rs
+step roofline 80 python3 tools/roofline.py --json "$OUT/roofline.json"
+# at most 8 files come back from the lent machine: fold the bench folder into one archive
+[ -d "$OUT/jbench" ] && tar czf "$OUT/jbench.tgz" -C "$OUT" jbench && rm -rf "$OUT/jbench"
+grep -E "^=== rc=|passed|failed|error" "$LOG" | tail -n 20
