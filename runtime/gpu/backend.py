@@ -131,6 +131,19 @@ class CupyBackend:
     def synchronize(self) -> None:
         self.device.synchronize()
 
+    def nvtx_push(self, name: str) -> None:
+        """A named host range for Nsight Systems (a no-op where CuPy has no NVTX)."""
+        try:
+            self.cp.cuda.nvtx.RangePush(name)
+        except Exception:
+            pass
+
+    def nvtx_pop(self) -> None:
+        try:
+            self.cp.cuda.nvtx.RangePop()
+        except Exception:
+            pass
+
     def capture_begin(self, stream: Any) -> None:
         stream.begin_capture()
 

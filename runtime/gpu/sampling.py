@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -31,6 +32,20 @@ Callback = Callable[[int, int], None]
 
 class GpuRunError(RuntimeErrorBase):
     """A CUDA error while sampling (surfaced at the next synchronization point)."""
+
+
+@contextmanager
+def nvtx(backend: Any, name: str) -> Iterator[None]:
+    """An NVTX range (Nsight Systems on a Jetson shows the phases); nothing where unsupported."""
+    push = getattr(backend, "nvtx_push", None)
+    if push is None:
+        yield
+        return
+    push(name)
+    try:
+        yield
+    finally:
+        backend.nvtx_pop()
 
 
 def nchw_to_nhwc(a: np.ndarray) -> np.ndarray:
@@ -90,9 +105,10 @@ class GpuSampler:
         tl = timeline or Timeline(self.backend, enabled=False)
         tl.start(self.compute[0])
         try:
-            if self.mode == "cpu":
-                return self._run_cpu(list(steps), seed, callback, tl)
-            return self._run_gpu(list(steps), seed, callback, tl)
+            with nvtx(self.backend, f"sampling {self.mode} b{self.batch} {len(steps)} steps"):
+                if self.mode == "cpu":
+                    return self._run_cpu(list(steps), seed, callback, tl)
+                return self._run_gpu(list(steps), seed, callback, tl)
         except BaseException:
             for s in self.compute + [self.copy]:   # leave no work in flight on buffers we may free
                 try:
@@ -139,8 +155,8 @@ class GpuSampler:
             for h in range(len(exs)):
                 self._sync(ev_down[h], s)
                 t0 = time.perf_counter()
-                eps = pin_e[h].transpose(0, 3, 1, 2)
-                xs[h] = p_sample(xs[h], eps, st, zs[h])
+                with nvtx(be, f"p_sample {s}.{h}"):
+                    xs[h] = p_sample(xs[h], pin_e[h].transpose(0, 3, 1, 2), st, zs[h])
                 tl.cpu_span(f"p_sample {s}.{h}", t0, time.perf_counter())
                 if s + 1 < len(steps):
                     launch(h, s + 1)
@@ -222,10 +238,11 @@ class GpuSampler:
                 if self.graphs and self._graph is None and s >= 1:
                     self._capture(s0)
                 e0, e1 = tl.gpu_span("compute 0", f"step {s}", s0)
-                if self._graph is not None:
-                    self._graph.launch(s0)
-                else:
-                    self._enqueue_step(s0)
+                with nvtx(be, f"step {s}"):
+                    if self._graph is not None:
+                        self._graph.launch(s0)
+                    else:
+                        self._enqueue_step(s0)
                 if e1 is not None:
                     e1.record(s0)
                 done[s].record(s0)
