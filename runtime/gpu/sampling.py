@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import Cancelled, RuntimeErrorBase, UsageError
+from ..errors import RuntimeErrorBase, UsageError
 from ..schedule import NoiseStream, Step, p_sample
 from ..trace import Timeline
 from .executor import GpuExecutor
@@ -207,7 +207,7 @@ class GpuSampler:
         if self._tables is None:
             self._prepare_gpu()
         be, ex, s0 = self.backend, self.executors[0], self.compute[0]
-        c, n = self.config, self.batch * self.image_elems
+        c = self.config
         noise = NoiseStream(seed, (self.batch, c.channels, c.image_size, c.image_size))
         x_nhwc = nchw_to_nhwc(noise.draw())
         tab = self._host_tab
