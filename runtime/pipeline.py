@@ -63,6 +63,7 @@ class Pipeline:
         self.config = self.weights.config
         self._lock = threading.Lock()
         self._engine: Any = None
+        self._closed = False
         self.backend, self.precision = self._open_engine(backend, precision, notice)
 
     def _open_engine(self, backend: str, precision: str, notice: Callable[[str], None]):
@@ -114,8 +115,6 @@ class Pipeline:
             else:
                 x0 = self._gpu_sampler(batch).run(plan, seed, callback, timeline)
         return to_uint8(x0)
-
-    _closed = False
 
     def close(self) -> None:
         """Free what the pipeline holds on the GPU; safe to call twice."""
