@@ -1,23 +1,29 @@
 """`jetson-sample`: generate images as a PNG grid; `jetson-weights`: make or inspect weights files.
 
+`jetson-sample --prepare` builds the GPU kernels ahead of time into the cubin cache and
+`jetson-sample --plan-only` prints the memory plan per batch and precision; neither needs a GPU.
+
 Expected failures print ONE line and exit 2 (usage, bad files) or 1 (a failure mid-run); nothing
 half-written is ever left: PNGs are written to a temporary file and renamed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
-from .pipeline import BACKEND_CHOICES, DEFAULT_GPU_MODE, MODES, PRECISIONS, default_weights_path
+from .gpu.aot import COMPILERS
+from .gpu.kernels import set_compile_notice
+from .pipeline import BACKEND_CHOICES, DEFAULT_GPU_MODE, GPU_PRECISIONS, MODES, PRECISIONS, default_weights_path
 
 PROG = "jetson-sample"
 
@@ -34,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", default=str(default_weights_path()), help="model .npz (the shipped model by default)")
     p.add_argument("--out", default="samples.png", help="PNG grid to write")
     p.add_argument("--save-each", metavar="DIR", default=None, help="also write each image as DIR/NNN.png")
-    p.add_argument("--batch", type=int, default=4, help="images to generate")
+    p.add_argument("--batch", type=int, nargs="+", default=None,
+                   help="images to generate (default 4); --plan-only and --prepare take several (default 1 4 16)")
     p.add_argument("--steps", type=int, default=None, help="sampling steps (DDIM only; default: all T)")
     p.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm", help="sampler")
     p.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0: deterministic)")
@@ -42,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="auto: CuPy when usable, else pycuda, else NumPy with a notice; pycuda runs "
                         "without CUDA graphs (as --no-graphs)")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="auto: fp16 on the GPU, fp32 on the CPU")
+    p.add_argument("--precision", choices=PRECISIONS, nargs="+", default=None,
+                   help="default auto: fp16 on the GPU, fp32 on the CPU; --plan-only takes several (default "
+                        "fp16 fp32), --prepare too (default fp16 fp32 bf16)")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help=f"GPU sampling: gpu (p_sample kernel, CUDA-graph steps), cpu (p_sample on the CPU, "
                         f"overlapped); auto = {DEFAULT_GPU_MODE}")
@@ -52,6 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a Chrome/Perfetto timeline of the GPU streams and the CPU (GPU backends)")
     p.add_argument("--nrow", type=int, default=0, help="images per grid row (0: square-ish)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--cache", metavar="DIR", default=None,
+                   help="kernel cache root, cubins in DIR/cubins/v1 (default: $JETSON_UNET_CACHE, else "
+                        "~/.cache/jetson-unet)")
+    g = p.add_argument_group("Jetson: ahead-of-time kernels and memory budget (no GPU needed)")
+    g.add_argument("--prepare", action="store_true",
+                   help="compile every kernel module the model needs into the cubin cache, then exit")
+    g.add_argument("--plan-only", action="store_true",
+                   help="print weights, arena and peak bytes per --batch and --precision and the largest batch "
+                        "per --budget, then exit (exit 1 when an explicit --budget is exceeded)")
+    g.add_argument("--arch", nargs="+", default=None,
+                   help="--prepare targets: 87, sm_87, 72, native (default: native with a GPU here, else 87)")
+    g.add_argument("--sms", type=int, nargs="+", default=None,
+                   help="SM counts the tiles are chosen for (--prepare: per arch, 87 -> 4 8, 72 -> 6 8; "
+                        "--plan-only: one, default 8)")
+    g.add_argument("--compiler", choices=COMPILERS, default="auto",
+                   help="--prepare: auto = NVRTC through CuPy when importable, else nvcc")
+    g.add_argument("--budget", nargs="+", default=None,
+                   help="--plan-only: 4GB, 8GB (Orin Nano; ~2.5 / ~5 GB usable assumed) or a byte count "
+                        "(default 4GB 8GB)")
     return p
 
 
@@ -105,8 +132,25 @@ def _progress(quiet: bool, total: int):
 
 def sample_main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.batch < 1:
-        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    for b in args.batch or ():
+        if b < 1:
+            raise UsageError(f"--batch must be >= 1, got {b}")
+    if args.prepare and args.plan_only:
+        raise UsageError("--prepare and --plan-only are separate steps: run one at a time")
+    with _cache_env(args.cache):
+        if args.prepare:
+            return prepare_main(args)
+        if args.plan_only:
+            return plan_main(args)
+        for flag, value in (("--arch", args.arch), ("--sms", args.sms), ("--budget", args.budget)):
+            if value is not None:
+                raise UsageError(f"{flag} goes with --prepare or --plan-only")
+        args.batch = _single(args.batch, 4, "--batch")
+        args.precision = _single(args.precision, "auto", "--precision")
+        return _sample(args)
+
+
+def _sample(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output(out)
     each = Path(args.save_each) if args.save_each else None
@@ -115,13 +159,9 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
         check_output(trace, ".json")
     if each is not None and not (each.is_dir() and os.access(each, os.W_OK)):
         raise UsageError(f"--save-each folder {each} does not exist or is not writable")
-    if args.weights == str(default_weights_path()) and not Path(args.weights).is_file():
-        raise UsageError(f"no shipped model at {args.weights}; pass --weights PATH, or make random weights "
-                         "with `jetson-weights random model.npz` (or train one: tools/train.py)")
     from .pipeline import Pipeline
     from .schedule import make_steps
-    from .weights import load_weights
-    weights = load_weights(args.weights)     # validate everything before any long work
+    weights = _load_weights(args.weights)    # validate everything before any long work
     n_steps = len(make_steps(weights.config.schedule, args.sampler, args.steps, args.eta))
     with Pipeline(weights, backend=args.backend, precision=args.precision, mode=args.mode,
                   graphs=not args.no_graphs) as pipe:
@@ -130,10 +170,13 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
             from .trace import Timeline
             timeline = Timeline(_backend_of(pipe))
         bar, cb = _progress(args.quiet, n_steps)
+        prev = set_compile_notice(lambda m: bar.write(m, file=sys.stderr) if bar is not None else
+                                  print(m, file=sys.stderr, flush=True))
         t0 = time.perf_counter()
         try:
             images = pipe.sample(args.batch, args.steps, args.sampler, args.eta, args.seed, cb, timeline)
         finally:
+            set_compile_notice(prev)
             if bar is not None:
                 bar.close()
         dt = time.perf_counter() - t0
@@ -146,6 +189,86 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"wrote {out} ({args.batch} images, {n_steps} steps, {pipe.backend} {pipe.precision}, "
           f"{dt:.2f} s, {dt / args.batch:.2f} s/image)", file=sys.stderr)
     return 0
+
+
+def prepare_main(args: argparse.Namespace) -> int:
+    """--prepare: one line per module on stdout; exit 1 when a module could not be built."""
+    from .gpu import aot
+    from .gpu.cubins import CubinCache
+    weights = _load_weights(args.weights)
+    precisions = _gpu_precisions(args.precision, ("fp16", "fp32", "bf16"))
+    batches = args.batch or [1, 4, 16]
+    archs = args.arch
+    if archs is None:
+        from .gpu.backend import gpu_available
+        archs = ["native"] if gpu_available("cupy") is None or gpu_available("pycuda") is None else ["87"]
+        if archs == ["87"]:
+            print("note: no GPU here: preparing for sm_87 (Jetson Orin); --arch names other targets",
+                  file=sys.stderr)
+    targets = aot.parse_targets(archs, args.sms)
+    compiler = aot.pick_compiler(args.compiler)
+    failures = aot.prepare(weights, targets, precisions, batches, compiler, CubinCache(), print)
+    if failures:
+        print(f"{PROG}: error: {failures} kernel module(s) not built (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def plan_main(args: argparse.Namespace) -> int:
+    """--plan-only: the memory table; exit 1 when an explicit --budget is exceeded."""
+    from .gpu import memory
+    weights = _load_weights(args.weights)
+    precisions = _gpu_precisions(args.precision, ("fp16", "fp32"))
+    budgets = [memory.parse_budget(b) for b in (args.budget or ("4GB", "8GB"))]
+    sms = _single(args.sms, 8, "--sms")
+    mode = DEFAULT_GPU_MODE if args.mode == "auto" else args.mode
+    misfits = memory.report(weights, precisions, args.batch or [1, 4, 16], budgets, sms, mode, print,
+                            source=Path(args.weights).name)
+    if misfits and args.budget:
+        more = f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else ""
+        print(f"{PROG}: does not fit: {misfits[0]}{more}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _single(values: Optional[Sequence[Any]], default: Any, flag: str) -> Any:
+    if not values:
+        return default
+    if len(values) > 1:
+        raise UsageError(f"{flag} takes one value here (several only with --plan-only / --prepare)")
+    return values[0]
+
+
+def _gpu_precisions(values: Optional[Sequence[str]], default: Tuple[str, ...]) -> List[str]:
+    values = list(dict.fromkeys(values or default))
+    bad = [v for v in values if v not in GPU_PRECISIONS]
+    if bad:
+        raise UsageError(f"--precision {bad[0]}: GPU kernels come in {', '.join(GPU_PRECISIONS)}")
+    return values
+
+
+def _load_weights(path: str) -> Any:
+    if path == str(default_weights_path()) and not Path(path).is_file():
+        raise UsageError(f"no shipped model at {path}; pass --weights PATH, or make random weights "
+                         "with `jetson-weights random model.npz` (or train one: tools/train.py)")
+    from .weights import load_weights
+    return load_weights(path)
+
+
+@contextlib.contextmanager
+def _cache_env(root: Optional[str]) -> Iterator[None]:
+    """--cache DIR is $JETSON_UNET_CACHE for this call (the cubin cache and pycuda's)."""
+    old = os.environ.get("JETSON_UNET_CACHE")
+    if root is not None:
+        os.environ["JETSON_UNET_CACHE"] = root
+    try:
+        yield
+    finally:
+        if root is not None:
+            if old is None:
+                os.environ.pop("JETSON_UNET_CACHE", None)
+            else:
+                os.environ["JETSON_UNET_CACHE"] = old
 
 
 def _backend_of(pipe) -> object:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import BackendUnavailable, KernelCompileError
+from .compilers import nvrtc_archs, nvrtc_cubin, nvrtc_toolchain
 
 BACKENDS = ("cupy", "pycuda")
 
@@ -40,17 +41,25 @@ class CupyFunction:
 
 
 class CupyModule:
-    def __init__(self, cp: Any, source: str, name: str, options: Tuple[str, ...]) -> None:
-        self._cp, self.name, self.options = cp, name, options
-        self._mod = cp.RawModule(code=source, options=options)
+    """RawModule(code=...) (NVRTC inside CuPy, compiled lazily) or RawModule(path=...) (a cubin,
+    loaded by the driver on the first get_function)."""
+
+    def __init__(self, cp: Any, source: Optional[str], name: str, options: Tuple[str, ...],
+                 path: Optional[str] = None) -> None:
+        self._cp, self.name, self.options, self.path = cp, name, options, path
+        self._mod = cp.RawModule(path=path) if path is not None else cp.RawModule(code=source, options=options)
         self._funcs: Dict[str, CupyFunction] = {}
 
     def get(self, symbol: str) -> CupyFunction:
         if symbol not in self._funcs:
-            try:   # RawModule compiles lazily, on the first get_function
+            try:
                 kern = self._mod.get_function(symbol)
             except self._cp.cuda.compiler.CompileException as e:
                 raise KernelCompileError(self.name, self.options, e.get_message()) from None
+            except Exception as e:   # a cubin the driver refuses (CUDADriverError), or no such kernel
+                if self.path is None:
+                    raise
+                raise KernelCompileError(self.path, (), f"loading {symbol!r} failed: {type(e).__name__}: {e}") from None
             self._funcs[symbol] = CupyFunction(kern, symbol)
         return self._funcs[symbol]
 
@@ -155,6 +164,31 @@ class CupyBackend:
                 symbols: Sequence[str] = ()) -> CupyModule:
         mod = CupyModule(self.cp, source, source_name, tuple(options))
         for s in symbols:   # compile and load now, never during a capture
+            mod.get(s)
+        return mod
+
+    def toolchain(self) -> Optional[str]:
+        """`nvrtc X.Y` (what compile_cubin builds with; part of the cubin cache key), None when
+        this CuPy's NVRTC binding cannot say (then the kernels go through `compile`)."""
+        try:
+            return nvrtc_toolchain(self.cp.cuda.nvrtc)
+        except Exception:
+            return None
+
+    def compile_cubin(self, source: str, source_name: str, options: Tuple[str, ...], arch: int) -> Optional[bytes]:
+        """NVRTC -> cubin bytes for sm_<arch> (kernels.load_module caches and loads them); None when
+        this CuPy's binding has no cubin output or its NVRTC cannot target the arch: the caller then
+        uses `compile`, where CuPy falls back to PTX for a GPU newer than its NVRTC."""
+        nv = self.cp.cuda.nvrtc
+        archs = nvrtc_archs(nv)
+        if not hasattr(nv, "getCUBIN") or (archs is not None and int(arch) not in archs):
+            return None
+        return nvrtc_cubin(source, source_name, options, arch, nv)
+
+    def load_cubin(self, path: Any, symbols: Sequence[str] = ()) -> CupyModule:
+        """Load a cubin file (cupy.RawModule(path=...)) and fetch every symbol now."""
+        mod = CupyModule(self.cp, None, str(path), (), path=str(path))
+        for s in symbols:
             mod.get(s)
         return mod
 

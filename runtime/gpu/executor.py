@@ -18,16 +18,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..arena import ArenaPlan, activation_elem_bytes, cat_parents, plan_arena
+from ..arena import ArenaPlan, activation_elem_bytes, cat_parents
 from ..errors import ArenaError, UsageError
-from ..plan import CAT, TIME_PROJ, Plan, build_plan
+from ..plan import CAT, Plan, build_plan
 from ..reference import Reference
+from . import memory
 from .backend import get_backend
 from .kernels import KernelSet
 from .ops import ELEM_BYTES, Ctx, OpSpec, Resolver, all_tile_keys, from_device, op_spec, storage_dtype, to_device
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-ALIGN = 256
+ALIGN = memory.ALIGN
 _T_MARK = object()   # stands for the t_idx pointer in argument tuples until launch
 
 
@@ -78,7 +79,7 @@ class _Addr(Resolver):
         self.ex, self.t_idx, self.norm_eps = ex, _T_MARK, ex.config.norm_eps
 
     def tensor(self, name: str) -> Tuple[int, int]:
-        if name == self.ex.plan.input:   # the persistent image buffer (see GpuExecutor._extras)
+        if name == self.ex.plan.input:   # the persistent image buffer (see memory.arena_extras)
             return self.ex.x_ptr, self.ex.config.channels
         reg = self.ex.arena.regions[name]
         return self.ex.arena_ptr + reg.offset, reg.ld
@@ -114,13 +115,16 @@ class GpuExecutor:
         ctx = Ctx(self.plan, weights.params, precision, self.batch, device_sm_count(self.backend),
                   view_layout(self.plan))
         self.specs: List[OpSpec] = [op_spec(op, ctx) for op in self.plan.ops if op.kind != CAT]
+        # Sizes first (runtime.gpu.memory, shared with `jetson-sample --plan-only`): a batch that
+        # does not fit is refused before any compile, pinned staging or upload.
+        self.stats_parts, self._stats_life = memory.stats_layout(self.plan, self.specs)
+        self._wlayout = memory.weights_layout(self.plan, self.specs, self.batch)
+        self.arena: ArenaPlan = memory.executor_arena(self.plan, self.specs, precision, self.batch, self.batch,
+                                                      (self.stats_parts, self._stats_life))
+        self._check_memory(self._wlayout.nbytes)
         keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs}
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
-        self._plan_stats()
         host_w = self._pack_weights(weights)
-        self.arena: ArenaPlan = plan_arena(self.plan, self.batch, self._elem_bytes(), self._extras(self.batch),
-                                           align=ALIGN)
-        self._check_memory(host_w.nbytes)
         self.stream = self.backend.stream()
         self._alloc_and_upload(host_w, early_start)
         addr = _Addr(self)
@@ -131,66 +135,24 @@ class GpuExecutor:
         self._host_t = self.backend.pinned((self.batch,), np.int32)
 
     # ---- construction steps ---------------------------------------------------------------------
-    def _plan_stats(self) -> None:
-        """Each normalized conv reads GroupNorm partials written by the producer of its input."""
-        index = {op.out: i for i, op in enumerate(self.plan.ops)}
-        by_out = {s.op.out: s for s in self.specs}
-        self.stats_parts: Dict[str, int] = {}
-        self._stats_life: Dict[str, Tuple[int, int]] = {}
-        for s in self.specs:
-            if not s.op.norm:
-                continue
-            prod = by_out.get(s.op.x)
-            if prod is None or not prod.stats_parts:
-                raise ArenaError(f"{s.op.out}: its input {s.op.x!r} is not written by a kernel that "
-                                 "emits GroupNorm statistics (a depthwise or GEMM conv)")
-            self.stats_parts[s.op.x] = prod.stats_parts
-            self._stats_life[s.op.x] = (index[s.op.x], index[s.op.out])
-
-    def _extras(self, batch: int) -> List[Tuple[str, int, int, int]]:
-        """Arena regions beside the plan's tensors. The image gets its own region alive across the
-        whole call: the plan's `x` dies after init_conv, but a sampler (and a graph replay) reads
-        x again after the call."""
-        n_ops, index = len(self.plan.ops), {op.out: i for i, op in enumerate(self.plan.ops)}
-        c = self.config
-        ex = [("stats:" + n, 16 * batch * self.stats_parts[n], f, l) for n, (f, l) in self._stats_life.items()]
-        ex += [("ws:" + s.op.out, s.ws_bytes * batch // self.batch, index[s.op.out], index[s.op.out])
-               for s in self.specs if s.ws_bytes]
-        ex.append(("t_idx", 4 * batch, -1, n_ops))
-        ex.append(("image", 4 * batch * c.channels * c.image_size ** 2, -1, n_ops))
-        return ex
-
     def _elem_bytes(self) -> Dict[str, int]:
         return activation_elem_bytes(self.plan, ELEM_BYTES[self.precision])
 
     def _pack_weights(self, weights: Any) -> np.ndarray:
-        """One host buffer: every op's blobs, the time-bias table, the timestep-row table."""
+        """One pinned host buffer laid out by memory.weights_layout: the time-bias table, the
+        timestep-row table, every op's blobs."""
         T = self.config.timesteps
         env = Reference(weights, np.float64).time_env(np.arange(T))
-        names = [op.out for op in self.plan.time_ops if op.kind == TIME_PROJ]
-        self.tb_cols, off = {}, 0
-        for n in names:
-            self.tb_cols[n] = off
-            off += self.plan.tensors[n].channels
-        self.tb_stride = off
+        names, self.tb_cols, self.tb_stride = memory.time_columns(self.plan)
         table = np.concatenate([env[n] for n in names], axis=1).astype(np.float32) if names else np.zeros((T, 1), np.float32)
         rows = np.repeat(np.arange(T, dtype=np.int32)[:, None], self.batch, axis=1)
-        # Upload order = use order: the tables (read from the first block on), then each op's
-        # blobs in plan order; _op_end[i] is where op i's weights end (one upload + event each).
         items: List[Tuple[Tuple[str, str], np.ndarray]] = [(("", "tbias"), table),
                                                            (("", "trows"), np.ascontiguousarray(rows))]
         for s in self.specs:
             items.extend(((s.op.out, k), np.ascontiguousarray(v)) for k, v in s.blobs.items())
-        self.blob_offsets: Dict[Tuple[str, str], int] = {}
-        total, ends = 0, {}
-        for k, v in items:
-            self.blob_offsets[k] = total
-            total += -(-v.nbytes // ALIGN) * ALIGN
-            ends[k[0]] = total
-        self._op_end = [ends.get(s.op.out, 0) for s in self.specs]
-        for i in range(1, len(self._op_end)):   # an op without blobs ends where the previous did
-            self._op_end[i] = max(self._op_end[i], self._op_end[i - 1])
-        host = self.backend.pinned((max(total, ALIGN),), np.uint8)   # pinned: the upload is async
+        lay = self._wlayout
+        self.blob_offsets, self._op_end = lay.offsets, list(lay.op_end)
+        host = self.backend.pinned((lay.nbytes,), np.uint8)   # pinned: the upload is async
         host[...] = 0
         for k, v in items:
             o = self.blob_offsets[k]
@@ -199,23 +161,24 @@ class GpuExecutor:
         self.trows_offset = self.blob_offsets[("", "trows")]
         return host
 
+    def memory_estimate(self) -> memory.MemoryEstimate:
+        """This executor's own bytes, in the report's terms (no sampler tables)."""
+        return memory.MemoryEstimate(self.precision, self.batch, "executor", self._wlayout.nbytes, self.arena.nbytes,
+                                     0, memory.executor_pinned(self.config, self.batch, self._wlayout.nbytes))
+
     def _check_memory(self, weight_bytes: int) -> None:
         """Refuse before allocating: say the bytes needed and the largest batch that fits."""
         need = self.arena.nbytes + weight_bytes
         free, _ = self.backend.mem_info()
         if need <= free:
             return
-        fits = 0
-        lo, hi = 1, self.batch - 1
-        while lo <= hi:   # arena bytes grow with the batch; weights do not (but for a tiny table)
-            mid = (lo + hi) // 2
-            a = plan_arena(self.plan, mid, self._elem_bytes(), self._extras(mid), align=ALIGN)
-            if a.nbytes + weight_bytes <= free:
-                fits, lo = mid, mid + 1
-            else:
-                hi = mid - 1
-        raise ArenaError(f"batch {self.batch} needs {need} bytes on the GPU ({self.arena.nbytes} arena + "
-                         f"{weight_bytes} weights) but {free} are free; the largest batch that fits is {fits}")
+        stats = (self.stats_parts, self._stats_life)
+        fits = memory.largest_batch(   # arena bytes grow with the batch; weights do not (but for a tiny table)
+            lambda b: memory.executor_arena(self.plan, self.specs, self.precision, b, self.batch, stats).nbytes
+            + weight_bytes, free, hi=self.batch - 1)
+        raise ArenaError(f"{self.memory_estimate().summary()}: the GPU has {free} bytes free for the {need} "
+                         f"on the device; the largest batch that fits is {fits} (`jetson-sample --plan-only` "
+                         "prints the whole plan)")
 
     def _alloc_and_upload(self, host_w: np.ndarray, early_start: bool) -> None:
         """Blocking: one copy, then wait. Early start: one copy per op, in plan order, on a copy

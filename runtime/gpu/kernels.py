@@ -6,16 +6,23 @@ disk cache, keyed by the source text, can never serve a stale binary after a ker
 Every module of a process is compiled with the same options tuple (NVRTC runs once per distinct
 tuple even on a cache hit). Templates are instantiated through `extern "C"` wrappers: their
 symbols are plain names such as `conv3x3s1u1_f16_64x64_2x2_v8`, cached on every CuPy version.
+
+Loading (`load_module`): a backend with `load_cubin` (CuPy) first looks in the cubin cache
+(runtime.gpu.cubins: validated entries of this toolchain, then of any toolchain, e.g. made ahead of
+time by `jetson-sample --prepare`), else compiles with NVRTC, stores the cubin and loads it; a
+backend without it (pycuda: its own nvcc cubin cache; the test fakes) compiles its own way.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import kernels_dir
 from ..errors import KernelCompileError
+from .cubins import CubinCache
 
 SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "sample.cu")
 DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16")}
@@ -116,13 +123,57 @@ def nvrtc_options(arch: int, folder: Optional[Path] = None) -> Tuple[str, ...]:
     return tuple(opts)
 
 
+_notice: Optional[Callable[[str], None]] = None   # set by the CLI: one line on stderr
+
+
+def set_compile_notice(fn: Optional[Callable[[str], None]]) -> Optional[Callable[[str], None]]:
+    """Where `load_module` says that it compiles or discards a cached cubin; returns the previous."""
+    global _notice
+    prev, _notice = _notice, fn
+    return prev
+
+
+def compile_notice(arch: int) -> str:
+    return (f"compiling GPU kernels for sm_{arch} (first run; `jetson-sample --prepare` does this "
+            "ahead of time)...")
+
+
+def load_module(backend: Any, source: str, name: str, options: Tuple[str, ...], symbols: Sequence[str],
+                arch: int, cache: Optional[CubinCache] = None) -> Any:
+    """A module with every symbol fetched: a valid cached cubin (this toolchain's, else any other's),
+    else NVRTC now -> cache -> load. A cubin the driver refuses is discarded and rebuilt."""
+    if not hasattr(backend, "load_cubin"):
+        return backend.compile(source, f"{name}.cu", options, symbols)
+    cache = cache if cache is not None else CubinCache(notice=_notice)
+    toolchain = backend.toolchain()
+    for entry in cache.find(source, options, arch, toolchain, symbols, name):
+        try:
+            return backend.load_cubin(entry.cubin, symbols)
+        except KernelCompileError as e:
+            cache.discard(entry.cubin, f"the driver refused it ({(e.log or str(e)).strip().splitlines()[0]})")
+    if _notice is not None:
+        _notice(compile_notice(arch))
+    cubin = backend.compile_cubin(source, f"{name}.cu", options, arch) if toolchain else None
+    if cubin is None:   # this CuPy cannot hand out a cubin: its own compile path (and disk cache)
+        return backend.compile(source, f"{name}.cu", options, symbols)
+    try:
+        path = cache.store(cubin, source, options, arch, toolchain, symbols, name)
+    except OSError:     # an unwritable cache costs a compile next time, nothing else
+        with tempfile.TemporaryDirectory(prefix="jetson-unet-") as tmp:
+            path = Path(tmp) / f"{name}.cubin"
+            path.write_bytes(cubin)
+            return backend.load_cubin(path, symbols)
+    return backend.load_cubin(path, symbols)
+
+
 class KernelSet:
-    """Compiles one module with every requested instantiation and fetches every function now
-    (before any CUDA-graph capture)."""
+    """Loads (or compiles) one module with every requested instantiation and fetches every function
+    now (before any CUDA-graph capture)."""
 
-    _cache: Dict[Tuple[str, Tuple[str, ...]], Any] = {}
+    _cache: Dict[Tuple[str, str, Tuple[str, ...]], Any] = {}
 
-    def __init__(self, backend: Any, keys: Sequence[Any], name: str = "seed-unet") -> None:
+    def __init__(self, backend: Any, keys: Sequence[Any], name: str = "seed-unet",
+                 cache: Optional[CubinCache] = None) -> None:
         arch = int(backend.arch())
         if any(getattr(k, "dtype", "fp32") != "fp32" for k in keys) and arch < MIN_TC_ARCH:
             raise KernelCompileError(name, (), f"fp16/bf16 kernels need sm_80 or newer; this GPU is sm_{arch}")
@@ -132,7 +183,7 @@ class KernelSet:
         ck = (getattr(backend, "name", type(backend).__name__), self.source, self.options)   # per backend
         mod = KernelSet._cache.get(ck)
         if mod is None:
-            mod = backend.compile(self.source, f"{name}.cu", self.options, self.symbols)
+            mod = load_module(backend, self.source, name, self.options, self.symbols, arch, cache)
             KernelSet._cache[ck] = mod
         self.module = mod
         self.functions = {s: mod.get(s) for s in self.symbols}

@@ -1,0 +1,140 @@
+"""Fakes of the cubin toolchain for the CPU tests: a minimal CUDA ELF, a backend with the CuPy
+seam's cubin methods, CuPy's NVRTC binding and RawModule, an nvcc script, a prepare compiler."""
+from __future__ import annotations
+
+import re
+import stat
+import struct
+import types
+from pathlib import Path
+
+from fakes import FakeBackend, FakeModule
+
+from runtime.errors import KernelCompileError
+from runtime.gpu import aot, compilers, cubins
+from runtime.gpu.backend import CupyBackend
+
+
+def fake_cubin(arch: int, symbols, abi: int = 8) -> bytes:
+    """A minimal CUDA ELF header (64-bit, e_machine 190, the arch in e_flags as nvcc writes it)
+    followed by the kernels' section names, as a real cubin holds them."""
+    flags = (0x06000004 | (arch << 8)) if abi >= 8 else (0x00050000 | arch)
+    ident = b"\x7fELF" + bytes([2, 1, 1, 65 if abi >= 8 else 51, abi]) + bytes(7)
+    head = ident + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, 0, flags, 64, 0, 0, 64, 0, 0)
+    return head + b"".join(b".text." + s.encode() + b"\0" for s in symbols)
+
+
+def symbols_of(source: str):
+    return sorted(set(re.findall(r"_INSTANCE\((\w+),", source)))
+
+
+class CubinBackend(FakeBackend):
+    """FakeBackend with the CuPy seam's cubin methods; load_cubin refuses (AssertionError) anything
+    that a real driver should never have been handed."""
+
+    def __init__(self, toolchain="nvrtc 12.6", arch=87, refuse=()):
+        super().__init__(arch=arch)
+        self._toolchain, self.refuse = toolchain, set(refuse)
+        self.builds, self.loads = [], []
+
+    def toolchain(self):
+        return self._toolchain
+
+    def compile_cubin(self, source, name, options, arch):
+        self.builds.append((name, tuple(options), arch))
+        assert f"--gpu-architecture=sm_{arch}" in options
+        return fake_cubin(arch, symbols_of(source))
+
+    def load_cubin(self, path, symbols=()):
+        data = Path(path).read_bytes()
+        assert cubins.check_cubin(data, self._arch, symbols) is None, "an invalid cubin reached the driver"
+        self.loads.append(Path(path))
+        if Path(path).name in self.refuse:
+            raise KernelCompileError(str(path), (), "CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid")
+        return FakeModule(self.launches)
+
+
+
+class FakeNvrtc:
+    class NVRTCError(Exception):
+        pass
+
+    def __init__(self, archs=(75, 80, 86, 87, 89, 90), fail=None):
+        self.archs, self.fail, self.calls, self.destroyed = archs, fail, [], 0
+
+    getVersion = staticmethod(lambda: (12, 6))  # noqa: E731
+
+    def getSupportedArchs(self):
+        return self.archs
+
+    def createProgram(self, src, name, headers, include_names):
+        self.src = src
+        return 7
+
+    def compileProgram(self, prog, options):
+        self.calls.append(list(options))
+        if self.fail:
+            raise self.NVRTCError("NVRTC_ERROR_COMPILATION (6)")
+
+    def getProgramLog(self, prog):
+        return 'seed-unet.cu(3): error: identifier "x" is undefined'
+
+    def getCUBIN(self, prog):
+        arch = int(self.calls[-1][-1].split("sm_")[1])
+        return fake_cubin(arch, symbols_of(self.src))
+
+    def destroyProgram(self, prog):
+        self.destroyed += 1
+
+
+class FakeRawModule:
+    def __init__(self, code=None, options=(), path=None):
+        self.path = path
+
+    def get_function(self, name):
+        if b".text." + name.encode() + b"\0" not in Path(self.path).read_bytes():
+            raise RuntimeError("CUDA_ERROR_NOT_FOUND: named symbol not found")
+        return ("kernel", name)
+
+
+def fake_cupy_backend(nvrtc):
+    be = CupyBackend.__new__(CupyBackend)     # no device: only the compile path is exercised
+    be.cp = types.SimpleNamespace(RawModule=FakeRawModule, cuda=types.SimpleNamespace(
+        nvrtc=nvrtc, compiler=types.SimpleNamespace(CompileException=type("CE", (Exception,), {}))))
+    return be
+
+
+
+FAKE_NVCC = r"""#!/bin/sh
+# A stand-in for nvcc: --version, --list-gpu-arch, and -cubin writing a fake CUDA ELF.
+case "$1" in
+  --version) echo "nvcc: NVIDIA (R) Cuda compiler driver"; echo "Cuda compilation tools, release 12.6, V12.6.68"; exit 0;;
+  --list-gpu-arch) echo compute_75; echo compute_87; exit 0;;
+esac
+echo "$@" > "$(dirname "$0")/args"
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+case "$*" in *-arch=sm_72*) echo "nvcc fatal   : Unsupported gpu architecture 'sm_72'"; exit 1;; esac
+cp "$(dirname "$0")/payload" "$out"
+"""
+
+
+
+
+def write_fake_nvcc(folder: Path, payload: bytes) -> Path:
+    nvcc = folder / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IXUSR)
+    (folder / "payload").write_bytes(payload)
+    return nvcc
+
+
+def fake_compiler(log, toolchain="nvrtc 12.6", unsupported=()):
+    def build(src, name, options, arch):
+        log.append((arch, name))
+        if arch in unsupported:
+            raise compilers.ArchUnsupported(name, options, f"{toolchain} cannot target sm_{arch}")
+        return fake_cubin(arch, symbols_of(src))
+    return aot.Compiler("nvrtc", toolchain, build)
+
+
