@@ -23,6 +23,9 @@
 //   (64 halves the serialized global-load latencies of long K loops where smem allows);
 //   fp32 FFMA with a TMxTN register tile per thread, BK = 16. Register-staged double buffering.
 // Reference: runtime.reference.run_conv / run_gate.
+// The GroupNorm prologue, the tensor-core k-tile, the split-K merge and the epilogue are device
+// functions shared with the cp.async variant (conv_pipe.cu, opt-in): both kernels run the same code
+// for everything but moving the tiles into shared memory.
 #include "common.cuh"
 
 extern __shared__ __align__(16) float dyn_smem[];
@@ -39,215 +42,91 @@ extern __shared__ __align__(16) float dyn_smem[];
     gn_w, gn_b, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act,   \
     psi_w, psi_b, splits, ws, counters
 
-template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE>
-__device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
+// ---- shared pieces ------------------------------------------------------------------------------
+
+// GroupNorm(1) of the input as a per-channel scale/shift in dynamic smem (8*Cin bytes): merge the
+// producer's partials of sample b, then scale = gn_w * rstd, shift = gn_b - mean * scale.
+// `mean_rstd` (2 floats) and `dred` (96 doubles) are the kernel's static smem scratch.
+template <int NT>
+__device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P, float gn_eps, const float *gn_w,
+                                                 const float *gn_b, int Cin, int b, float *mean_rstd, double *dred) {
+    float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
+    gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);
+    __syncthreads();
+    const float mean = mean_rstd[0], rstd = mean_rstd[1];
+    for (int c = threadIdx.x; c < Cin; c += NT) {
+        const float s = gn_w[c] * rstd;
+        gn_scale[c] = s;
+        gn_shift[c] = gn_b[c] - mean * s;
+    }
+    __syncthreads();
+}
+
+// The normalization of one A vector (channels c..c+VEC-1): one expression for both kernels, so they
+// round identically.
+template <class D, int VEC>
+__device__ __forceinline__ void gn_apply(Vec<typename D::S, VEC> &v, const float *scale, const float *shift) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v.v[j] = D::from_f(D::to_f(v.v[j]) * scale[j] + shift[j]);
+}
+
+// Element offsets of (row, k) in a [rows][BK] smem tile. Padded: rows of LD = BK + 8 halves
+// (conflict-free ldmatrix, register-staged stores). Swizzled (conv_pipe.cu): rows of exactly BK,
+// 16-byte chunk j of row r stored at chunk j ^ f(r), so the 8 rows of one ldmatrix phase and a
+// warp's 16-byte cp.async writes hit distinct banks without the padding (20% less smem per stage).
+template <int LD> struct PaddedTile {
+    static __device__ __forceinline__ int off(int r, int k) { return r * LD + k; }
+};
+template <int BK> struct SwizzledTile {
+    static_assert(BK == 32 || BK == 64, "swizzle for 64- and 128-byte rows");
+    static __device__ __forceinline__ int off(int r, int k) {   // k: a multiple of 8
+        const int f = BK == 64 ? (r & 7) : ((r >> 1) & 3);     // 128-byte rows: 8 chunks; 64: 2 rows per 128 B
+        return r * BK + (((k >> 3) ^ f) << 3);
+    }
+};
+
+// One BK-deep k-tile of a warp's WTM x WTN tile: ldmatrix fragments, mma.sync m16n8k16.
+template <class D, int MF, int NF, int BK, class LA, class LB>
+__device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], const typename D::S *A, const typename D::S *B,
+                                          int arow, int brow, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < BK; ks += 16) {
+        u32 af[MF][4], bf[NF][2];
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf)
+            ldmatrix_x4(af[mf], &A[LA::off(arow + mf * 16 + (lane & 15), ks + (lane >> 4) * 8)]);
+#pragma unroll
+        for (int np = 0; np < NF / 2; ++np) {
+            u32 r[4];
+            ldmatrix_x4(r, &B[LB::off(brow + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks + ((lane >> 3) & 1) * 8)]);
+            bf[2 * np][0] = r[0]; bf[2 * np][1] = r[1];
+            bf[2 * np + 1][0] = r[2]; bf[2 * np + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+            for (int nf = 0; nf < NF; ++nf) D::mma(acc[mf][nf], af[mf], bf[nf]);
+    }
+}
+
+// After the k loop: the split-K merge, then the epilogue (conv or gate) and the statistics.
+// acc is [MF][NF][4] (tensor cores) or [TM][TN][1] (FFMA); m-tile mt of mtiles, K split sk; `red`
+// (33 floats) is the kernel's static smem scratch for the statistics.
+template <class D, int BM, int BN, int WM, int WN, int VEC, bool GATE, int A0, int A1, int A2>
+__device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles, int mt, int sk, float *red,
+                                            CONV_PARAMS) {
     typedef typename D::S S;
     constexpr bool TC = D::TC;
     constexpr int NT = 32 * WM * WN;
-    static_assert(BK % 16 == 0 && (TC || BK == 16), "K tile");
-    constexpr int PAD = ST == 1 ? KH / 2 : 0;
-    // smem tiles. TC: As[BM][BK+8], Bs[BN][BK+8] (k contiguous; +8 halves = conflict-free ldmatrix)
-    //             FFMA: As[BK][BM+4], Bs[BK][BN+4] (m / n contiguous for broadcast + float4 reads)
-    constexpr int LDA = TC ? BK + 8 : BM + 4;
-    constexpr int LDB = TC ? BK + 8 : BN + 4;
-    constexpr int A_SZ = TC ? BM * LDA : BK * LDA;
-    constexpr int B_SZ = TC ? BN * LDB : BK * LDB;
-    __shared__ __align__(16) S As[2][A_SZ];
-    __shared__ __align__(16) S Bs[2][B_SZ];
-    __shared__ float red[33];
-    __shared__ float mean_rstd[2];
-    __shared__ double dred[96];
-
-    const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_, *res = (const S *)res_;
-    S *out = (S *)out_;
-    const int tid = threadIdx.x, b = blockIdx.z;
-    // split-K: grid.x = m-tiles * splits; split `sk` owns k-tiles [kb, ke) of the nk0 + nk1
-    const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;
-    const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
-    const int m0 = mt * BM, n0 = blockIdx.y * BN;
-    const bool norm = gn_part != nullptr;
-    float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
-
-    // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
-    if (norm) {
-        gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);
-        __syncthreads();
-        const float mean = mean_rstd[0], rstd = mean_rstd[1];
-        for (int c = tid; c < Cin; c += NT) {
-            const float s = gn_w[c] * rstd;
-            gn_scale[c] = s;
-            gn_shift[c] = gn_b[c] - mean * s;
-        }
-        __syncthreads();
-    }
-
-    // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
-    constexpr int KV = BK / VEC, RPP = NT / KV, AP = (BM + RPP - 1) / RPP;
-    static_assert(NT % KV == 0 && (BM % RPP == 0 || AP == 1) && AP <= 32, "A tile split");
-    const int kv = tid % KV, r0 = tid / KV;
-    const bool a_row_ok = r0 < BM;   // false only for the spare threads of a short tile (AP == 1)
-    int oy[AP], ox[AP];
-#pragma unroll
-    for (int i = 0; i < AP; ++i) {
-        const int m = a_row_ok ? m0 + r0 + i * RPP : M;
-        oy[i] = m < M ? m / Wout : -(1 << 20);   // an invalid row fails every bounds test below
-        ox[i] = m < M ? m - (m / Wout) * Wout : 0;
-    }
-    Vec<S, VEC> areg[AP];
-    u32 amask = 0;   // rows whose vector is real data (normalized at store time)
-    int a_c = -1;    // channel of this thread's vectors in segment 0, -1 in segment 1
-
-    auto load_a = [&](int kt) {
-        amask = 0;
-        if (kt < nk0) {
-            const int k = kt * BK + kv * VEC;
-            const int tap = k / Cin, c = k - tap * Cin;
-            const int ky = tap / KH, kx = tap - (tap / KH) * KH;
-            const bool kok = tap < KH * KH;
-            a_c = c;
-#pragma unroll
-            for (int i = 0; i < AP; ++i) {
-                const int vy = oy[i] * ST + ky - PAD, vx = ox[i] * ST + kx - PAD;
-                const bool ok = kok && vy >= 0 && vy < Hin * UP && vx >= 0 && vx < Win * UP;
-                if (ok) {
-                    const int iy = UP == 2 ? (vy >> 1) : vy, ix = UP == 2 ? (vx >> 1) : vx;
-                    areg[i] = vload<S, VEC>(x + ((size_t)(b * Hin + iy) * Win + ix) * ldx + c);
-                    amask |= 1u << i;
-                } else {
-                    areg[i] = vzero<S, VEC>();
-                }
-            }
-        } else {
-            const int c = (kt - nk0) * BK + kv * VEC;
-            a_c = -1;
-#pragma unroll
-            for (int i = 0; i < AP; ++i) {
-                const int m = m0 + r0 + i * RPP;
-                areg[i] = (a_row_ok && m < M && c < Cr) ? vload<S, VEC>(xr + ((size_t)b * M + m) * ldr + c)
-                                            : vzero<S, VEC>();
-            }
-        }
-    };
-
-    auto store_a = [&](int buf) {
-#pragma unroll
-        for (int i = 0; i < AP; ++i) {
-            Vec<S, VEC> v = areg[i];
-            if (norm && a_c >= 0 && ((amask >> i) & 1u)) {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j)
-                    v.v[j] = D::from_f(D::to_f(v.v[j]) * gn_scale[a_c + j] + gn_shift[a_c + j]);
-            }
-            const int row = r0 + i * RPP;
-            if (!a_row_ok) break;
-            if constexpr (TC) {
-                vstore<S, VEC>(&As[buf][row * LDA + kv * VEC], v);
-            } else {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) As[buf][(kv * VEC + j) * LDA + row] = v.v[j];
-            }
-        }
-    };
-
-    // ---- B (weights) loader: padded on upload, so never out of bounds; 16-byte vectors ---------
-    constexpr int VB = 16 / (int)sizeof(S);
-    constexpr int BVEC = BN * BK / VB, BP = BVEC / NT;
-    static_assert(BVEC % NT == 0, "B tile split");
-    Vec<S, VB> breg[BP];
-    auto load_b = [&](int kt) {
-#pragma unroll
-        for (int i = 0; i < BP; ++i) {
-            const int v = tid + i * NT;
-            if constexpr (TC) {   // row n, k offset
-                const int n = v / (BK / VB), kk = (v % (BK / VB)) * VB;
-                breg[i] = vload<S, VB>(wt + (size_t)(n0 + n) * ldw + kt * BK + kk);
-            } else {              // row k, n offset
-                const int kk = v / (BN / VB), n = (v % (BN / VB)) * VB;
-                breg[i] = vload<S, VB>(wt + (size_t)(kt * BK + kk) * ldw + n0 + n);
-            }
-        }
-    };
-    auto store_b = [&](int buf) {
-#pragma unroll
-        for (int i = 0; i < BP; ++i) {
-            const int v = tid + i * NT;
-            if constexpr (TC) {
-                const int n = v / (BK / VB), kk = (v % (BK / VB)) * VB;
-                vstore<S, VB>(&Bs[buf][n * LDB + kk], breg[i]);
-            } else {
-                const int kk = v / (BN / VB), n = (v % (BN / VB)) * VB;
-                vstore<S, VB>(&Bs[buf][kk * LDB + n], breg[i]);
-            }
-        }
-    };
-
-    // ---- compute ------------------------------------------------------------------------------
-    const int lane = tid & 31, warp = tid >> 5;
     constexpr int WTM = BM / WM, WTN = BN / WN, MF = TC ? WTM / 16 : 1, NF = TC ? WTN / 8 : 1;
     constexpr int TXN = NT / 16, TM = TC ? 1 : BM / 16, TN = TC ? 1 : BN / TXN;
-    static_assert(!TC || (WTM % 16 == 0 && WTN % 16 == 0), "warp tile");
-    static_assert(TC || (BM % 16 == 0 && TN % 4 == 0), "thread tile");
+    static_assert(A0 == (TC ? MF : TM) && A1 == (TC ? NF : TN) && A2 == (TC ? 4 : 1), "accumulator shape");
+    const S *xr = (const S *)xr_, *res = (const S *)res_;
+    S *out = (S *)out_;
+    const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
+    const int M = Hout * Wout, m0 = mt * BM, n0 = blockIdx.y * BN;
     const int wm = warp / WN, wn = warp % WN;   // TC warp position
     const int tx = tid % TXN, ty = tid / TXN;   // FFMA thread position
-    float acc[TC ? MF : TM][TC ? NF : TN][TC ? 4 : 1];
-#pragma unroll
-    for (int i = 0; i < (TC ? MF : TM); ++i)
-#pragma unroll
-        for (int j = 0; j < (TC ? NF : TN); ++j)
-#pragma unroll
-            for (int q = 0; q < (TC ? 4 : 1); ++q) acc[i][j][q] = 0.0f;
-
-    auto compute = [&](int buf) {
-        const S *A = As[buf], *B = Bs[buf];
-        if constexpr (TC) {
-#pragma unroll
-            for (int ks = 0; ks < BK; ks += 16) {
-                u32 af[MF][4], bf[NF][2];
-#pragma unroll
-                for (int mf = 0; mf < MF; ++mf)
-                    ldmatrix_x4(af[mf], &A[(wm * WTM + mf * 16 + (lane & 15)) * LDA + ks + (lane >> 4) * 8]);
-#pragma unroll
-                for (int np = 0; np < NF / 2; ++np) {
-                    u32 r[4];
-                    ldmatrix_x4(r, &B[(wn * WTN + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDB + ks +
-                                      ((lane >> 3) & 1) * 8]);
-                    bf[2 * np][0] = r[0]; bf[2 * np][1] = r[1];
-                    bf[2 * np + 1][0] = r[2]; bf[2 * np + 1][1] = r[3];
-                }
-#pragma unroll
-                for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-                    for (int nf = 0; nf < NF; ++nf) D::mma(acc[mf][nf], af[mf], bf[nf]);
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < BK; ++k) {
-                float a[TM], bb[TN];
-#pragma unroll
-                for (int i = 0; i < TM; ++i) a[i] = D::to_f(A[k * LDA + ty + 16 * i]);
-#pragma unroll
-                for (int j = 0; j < TN; j += 4) {
-                    const float4 q = *reinterpret_cast<const float4 *>(&B[k * LDB + tx * TN + j]);
-                    bb[j] = q.x; bb[j + 1] = q.y; bb[j + 2] = q.z; bb[j + 3] = q.w;
-                }
-#pragma unroll
-                for (int i = 0; i < TM; ++i)
-#pragma unroll
-                    for (int j = 0; j < TN; ++j) acc[i][j][0] = fmaf(a[i], bb[j], acc[i][j][0]);
-            }
-        }
-    };
-
-    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits;
-    load_a(kb); load_b(kb); store_a(0); store_b(0);
-    __syncthreads();
-    for (int kt = kb; kt < ke; ++kt) {
-        const int cur = (kt - kb) & 1;
-        if (kt + 1 < ke) { load_a(kt + 1); load_b(kt + 1); }   // in flight during the MMAs
-        compute(cur);
-        if (kt + 1 < ke) { store_a(cur ^ 1); store_b(cur ^ 1); }
-        __syncthreads();   // one barrier: the other buffer was last read before the previous one
-    }
 
     // ---- split-K: every split stores its partial tile; the last to arrive (per-tile counter) sums
     // all of them in split order (deterministic) and runs the epilogue; it re-arms the counter, so
@@ -394,6 +273,187 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
                     make_float4(cnt, tsum, tm2, 0.0f);
         }
     }
+}
+
+// ---- the kernel: register-staged double buffering ---------------------------------------------
+template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE>
+__device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
+    typedef typename D::S S;
+    constexpr bool TC = D::TC;
+    constexpr int NT = 32 * WM * WN;
+    static_assert(BK % 16 == 0 && (TC || BK == 16), "K tile");
+    constexpr int PAD = ST == 1 ? KH / 2 : 0;
+    // smem tiles. TC: As[BM][BK+8], Bs[BN][BK+8] (k contiguous; +8 halves = conflict-free ldmatrix)
+    //             FFMA: As[BK][BM+4], Bs[BK][BN+4] (m / n contiguous for broadcast + float4 reads)
+    constexpr int LDA = TC ? BK + 8 : BM + 4;
+    constexpr int LDB = TC ? BK + 8 : BN + 4;
+    constexpr int A_SZ = TC ? BM * LDA : BK * LDA;
+    constexpr int B_SZ = TC ? BN * LDB : BK * LDB;
+    __shared__ __align__(16) S As[2][A_SZ];
+    __shared__ __align__(16) S Bs[2][B_SZ];
+    __shared__ float red[33];
+    __shared__ float mean_rstd[2];
+    __shared__ double dred[96];
+
+    const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
+    const int tid = threadIdx.x, b = blockIdx.z;
+    // split-K: grid.x = m-tiles * splits; split `sk` owns k-tiles [kb, ke) of the nk0 + nk1
+    const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;
+    const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
+    const int m0 = mt * BM, n0 = blockIdx.y * BN;
+    const bool norm = gn_part != nullptr;
+    const float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
+
+    // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
+    if (norm) conv_gn_prologue<NT>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+
+    // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
+    constexpr int KV = BK / VEC, RPP = NT / KV, AP = (BM + RPP - 1) / RPP;
+    static_assert(NT % KV == 0 && (BM % RPP == 0 || AP == 1) && AP <= 32, "A tile split");
+    const int kv = tid % KV, r0 = tid / KV;
+    const bool a_row_ok = r0 < BM;   // false only for the spare threads of a short tile (AP == 1)
+    int oy[AP], ox[AP];
+#pragma unroll
+    for (int i = 0; i < AP; ++i) {
+        const int m = a_row_ok ? m0 + r0 + i * RPP : M;
+        oy[i] = m < M ? m / Wout : -(1 << 20);   // an invalid row fails every bounds test below
+        ox[i] = m < M ? m - (m / Wout) * Wout : 0;
+    }
+    Vec<S, VEC> areg[AP];
+    u32 amask = 0;   // rows whose vector is real data (normalized at store time)
+    int a_c = -1;    // channel of this thread's vectors in segment 0, -1 in segment 1
+
+    auto load_a = [&](int kt) {
+        amask = 0;
+        if (kt < nk0) {
+            const int k = kt * BK + kv * VEC;
+            const int tap = k / Cin, c = k - tap * Cin;
+            const int ky = tap / KH, kx = tap - (tap / KH) * KH;
+            const bool kok = tap < KH * KH;
+            a_c = c;
+#pragma unroll
+            for (int i = 0; i < AP; ++i) {
+                const int vy = oy[i] * ST + ky - PAD, vx = ox[i] * ST + kx - PAD;
+                const bool ok = kok && vy >= 0 && vy < Hin * UP && vx >= 0 && vx < Win * UP;
+                if (ok) {
+                    const int iy = UP == 2 ? (vy >> 1) : vy, ix = UP == 2 ? (vx >> 1) : vx;
+                    areg[i] = vload<S, VEC>(x + ((size_t)(b * Hin + iy) * Win + ix) * ldx + c);
+                    amask |= 1u << i;
+                } else {
+                    areg[i] = vzero<S, VEC>();
+                }
+            }
+        } else {
+            const int c = (kt - nk0) * BK + kv * VEC;
+            a_c = -1;
+#pragma unroll
+            for (int i = 0; i < AP; ++i) {
+                const int m = m0 + r0 + i * RPP;
+                areg[i] = (a_row_ok && m < M && c < Cr) ? vload<S, VEC>(xr + ((size_t)b * M + m) * ldr + c)
+                                            : vzero<S, VEC>();
+            }
+        }
+    };
+
+    auto store_a = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < AP; ++i) {
+            Vec<S, VEC> v = areg[i];
+            if (norm && a_c >= 0 && ((amask >> i) & 1u)) gn_apply<D, VEC>(v, gn_scale + a_c, gn_shift + a_c);
+            const int row = r0 + i * RPP;
+            if (!a_row_ok) break;
+            if constexpr (TC) {
+                vstore<S, VEC>(&As[buf][row * LDA + kv * VEC], v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) As[buf][(kv * VEC + j) * LDA + row] = v.v[j];
+            }
+        }
+    };
+
+    // ---- B (weights) loader: padded on upload, so never out of bounds; 16-byte vectors ---------
+    constexpr int VB = 16 / (int)sizeof(S);
+    constexpr int BVEC = BN * BK / VB, BP = BVEC / NT;
+    static_assert(BVEC % NT == 0, "B tile split");
+    Vec<S, VB> breg[BP];
+    auto load_b = [&](int kt) {
+#pragma unroll
+        for (int i = 0; i < BP; ++i) {
+            const int v = tid + i * NT;
+            if constexpr (TC) {   // row n, k offset
+                const int n = v / (BK / VB), kk = (v % (BK / VB)) * VB;
+                breg[i] = vload<S, VB>(wt + (size_t)(n0 + n) * ldw + kt * BK + kk);
+            } else {              // row k, n offset
+                const int kk = v / (BN / VB), n = (v % (BN / VB)) * VB;
+                breg[i] = vload<S, VB>(wt + (size_t)(kt * BK + kk) * ldw + n0 + n);
+            }
+        }
+    };
+    auto store_b = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < BP; ++i) {
+            const int v = tid + i * NT;
+            if constexpr (TC) {
+                const int n = v / (BK / VB), kk = (v % (BK / VB)) * VB;
+                vstore<S, VB>(&Bs[buf][n * LDB + kk], breg[i]);
+            } else {
+                const int kk = v / (BN / VB), n = (v % (BN / VB)) * VB;
+                vstore<S, VB>(&Bs[buf][kk * LDB + n], breg[i]);
+            }
+        }
+    };
+
+    // ---- compute ------------------------------------------------------------------------------
+    const int lane = tid & 31, warp = tid >> 5;
+    constexpr int WTM = BM / WM, WTN = BN / WN, MF = TC ? WTM / 16 : 1, NF = TC ? WTN / 8 : 1;
+    constexpr int TXN = NT / 16, TM = TC ? 1 : BM / 16, TN = TC ? 1 : BN / TXN;
+    static_assert(!TC || (WTM % 16 == 0 && WTN % 16 == 0), "warp tile");
+    static_assert(TC || (BM % 16 == 0 && TN % 4 == 0), "thread tile");
+    const int wm = warp / WN, wn = warp % WN;   // TC warp position
+    const int tx = tid % TXN, ty = tid / TXN;   // FFMA thread position
+    float acc[TC ? MF : TM][TC ? NF : TN][TC ? 4 : 1];
+#pragma unroll
+    for (int i = 0; i < (TC ? MF : TM); ++i)
+#pragma unroll
+        for (int j = 0; j < (TC ? NF : TN); ++j)
+#pragma unroll
+            for (int q = 0; q < (TC ? 4 : 1); ++q) acc[i][j][q] = 0.0f;
+
+    auto compute = [&](int buf) {
+        const S *A = As[buf], *B = Bs[buf];
+        if constexpr (TC) {
+            mma_ktile<D, MF, NF, BK, PaddedTile<LDA>, PaddedTile<LDB>>(acc, A, B, wm * WTM, wn * WTN, lane);
+        } else {
+#pragma unroll
+            for (int k = 0; k < BK; ++k) {
+                float a[TM], bb[TN];
+#pragma unroll
+                for (int i = 0; i < TM; ++i) a[i] = D::to_f(A[k * LDA + ty + 16 * i]);
+#pragma unroll
+                for (int j = 0; j < TN; j += 4) {
+                    const float4 q = *reinterpret_cast<const float4 *>(&B[k * LDB + tx * TN + j]);
+                    bb[j] = q.x; bb[j + 1] = q.y; bb[j + 2] = q.z; bb[j + 3] = q.w;
+                }
+#pragma unroll
+                for (int i = 0; i < TM; ++i)
+#pragma unroll
+                    for (int j = 0; j < TN; ++j) acc[i][j][0] = fmaf(a[i], bb[j], acc[i][j][0]);
+            }
+        }
+    };
+
+    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits;
+    load_a(kb); load_b(kb); store_a(0); store_b(0);
+    __syncthreads();
+    for (int kt = kb; kt < ke; ++kt) {
+        const int cur = (kt - kb) & 1;
+        if (kt + 1 < ke) { load_a(kt + 1); load_b(kt + 1); }   // in flight during the MMAs
+        compute(cur);
+        if (kt + 1 < ke) { store_a(cur ^ 1); store_b(cur ^ 1); }
+        __syncthreads();   // one barrier: the other buffer was last read before the previous one
+    }
+
+    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation (cache-friendly on every CuPy version); the host

@@ -4,14 +4,21 @@ torch.compile(mode="reduce-overhead") fp16 on the same weights, side by side.
 
     python tools/bench_unet.py                           # fp32,fp16,bf16 x batch 1,16; torch if present
     python tools/bench_unet.py --batches 1 --precisions fp16 --iters 500 --no-torch
+    python tools/bench_unet.py --no-torch --precisions fp16,bf16 --variants 0 3   # conv kernels side by side
 
 Timing: CUDA events around `iters` back-to-back calls after `warmup` calls; the figure is the mean
 per call over that window, repeated `repeats` times and the median reported (METHOD: warm up,
 many calls, events, median). Inputs are random (never zeros).
+
+--variants: the GEMM conv family per run, as $JETSON_UNET_CONV_STAGES would pick it (0: the default
+conv_gemm; n: the cp.async conv of kernels/conv_pipe.cu with n stages); each variant is built and
+timed in turn, then compared with the first: graph ms, speedup, and the relative L2 distance of its
+eps from the first variant's on the same input (a correctness smoke test, not a tolerance check).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -26,6 +33,7 @@ from runtime import models_dir  # noqa: E402
 from runtime.config import UNetConfig  # noqa: E402
 from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
+from runtime.gpu.ops import STAGES_ENV  # noqa: E402
 from runtime.weights import load_weights, random_params  # noqa: E402
 
 
@@ -51,14 +59,29 @@ def timed(backend, stream, fn, warmup: int, iters: int, repeats: int) -> float:
     return statistics.median(per)
 
 
-def bench_ours(weights, precision: str, batch: int, args, backend) -> dict:
+@contextlib.contextmanager
+def conv_stages(stages: int):
+    """$JETSON_UNET_CONV_STAGES = stages (0: unset) while executors are built, restored after."""
+    old = os.environ.pop(STAGES_ENV, None)
+    if stages:
+        os.environ[STAGES_ENV] = str(stages)
+    try:
+        yield
+    finally:
+        os.environ.pop(STAGES_ENV, None)
+        if old is not None:
+            os.environ[STAGES_ENV] = old
+
+
+def bench_ours(weights, precision: str, batch: int, args, backend, stages: int = 0) -> dict:
     t0 = time.perf_counter()
-    ex = GpuExecutor(weights, precision, batch=batch, backend=backend)
+    with conv_stages(stages):
+        ex = GpuExecutor(weights, precision, batch=batch, backend=backend)
     build_s = time.perf_counter() - t0
     cfg = ex.config
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
-    ex.eps(x, 50)                                   # uploads x; warms every kernel
+    eps = ex.eps(x, 50)                             # uploads x; warms every kernel
     s, tp = ex.stream, ex.t_row_ptr(50)
     direct = timed(backend, s, lambda: ex.run(s, tp), args.warmup, args.iters, args.repeats)
     backend.capture_begin(s)
@@ -66,16 +89,43 @@ def bench_ours(weights, precision: str, batch: int, args, backend) -> dict:
     graph = backend.capture_end(s)
     replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats)
     rep = ex.arena_report()
+    label = f"ours {precision}" + (f" conv-s{stages}" if len(args.variants) > 1 or stages else "")
+    ops_t = []
     if args.per_op:
         ops_t = per_op_times(ex, backend)
         total = sum(t for *_, t in ops_t)
-        print(f"per-op GPU time, {precision} b{batch}: sum {total:.1f} us (graph of the call: {1000 * replay:.1f} us)")
+        print(f"per-op GPU time, {label} b{batch}: sum {total:.1f} us (graph of the call: {1000 * replay:.1f} us)")
         for name, sym, grid, us in sorted(ops_t, key=lambda r: -r[3])[:args.per_op]:
             print(f"  {us:7.2f} us  {name:28s} {sym:36s} grid {grid}")
     ex.close()
-    return {"impl": f"ours {precision}", "batch": batch, "direct_ms": direct, "graph_ms": replay,
+    return {"impl": label, "batch": batch, "direct_ms": direct, "graph_ms": replay,
             "launches": ex.launches_per_call, "build_s": build_s, "arena": rep["text"],
-            "arena_bytes": rep["arena_bytes"], "weights_bytes": rep["weights_bytes"]}
+            "arena_bytes": rep["arena_bytes"], "weights_bytes": rep["weights_bytes"],
+            "precision": precision, "conv_stages": stages, "_eps": eps, "_per_op": ops_t}
+
+
+def compare_variants(rows: list, per_op: int) -> None:
+    """Side by side: each variant against the first one of the same precision and batch."""
+    groups = {}
+    for r in rows:
+        if "conv_stages" in r:
+            groups.setdefault((r["precision"], r["batch"]), []).append(r)
+    print("conv variants (graph ms per call; vs the first: speedup, rel L2 of eps):")
+    for (prec, b), rs in groups.items():
+        base = rs[0]
+        cells = []
+        for r in rs:
+            err = float(np.linalg.norm(r["_eps"] - base["_eps"]) / np.linalg.norm(base["_eps"]))
+            r["eps_rel_l2_vs_first"] = err
+            cells.append(f"s{r['conv_stages']} {r['graph_ms']:.3f}"
+                         + ("" if r is base else f" ({base['graph_ms'] / r['graph_ms']:.2f}x, {err:.1e})"))
+        print(f"  {prec} b{b}: " + " | ".join(cells))
+        if per_op and len(rs) > 1 and base["_per_op"]:
+            times = [{name: (sym, us) for name, sym, _, us in r["_per_op"]} for r in rs]
+            print(f"  per-op us, {prec} b{b} ({' / '.join('s%d' % r['conv_stages'] for r in rs)}), slowest first:")
+            for name, (sym, us) in sorted(times[0].items(), key=lambda kv: -kv[1][1])[:per_op]:
+                others = " / ".join(f"{t[name][1]:7.2f}" for t in times[1:] if name in t)
+                print(f"    {us:7.2f} / {others}  {name:28s} {times[-1].get(name, (sym,))[0]}")
 
 
 def per_op_times(ex, backend, reps: int = 20, windows: int = 3) -> list:
@@ -134,6 +184,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     ap.add_argument("--per-op", type=int, default=0, metavar="N",
                     help="also time every kernel alone and print the N slowest (default: off)")
+    ap.add_argument("--variants", type=int, nargs="+", default=[0], metavar="STAGES",
+                    help="GEMM conv kernels to time side by side: 0 = default, n = cp.async with n stages "
+                         "(default: 0 only)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
@@ -152,7 +205,8 @@ def main(argv=None) -> int:
 
     for b in [int(v) for v in args.batches.split(",")]:
         for p in args.precisions.split(","):
-            show([bench_ours(weights, p, b, args, backend)])
+            for v in args.variants:
+                show([bench_ours(weights, p, b, args, backend, v)])
         if not args.no_torch:
             try:
                 show(bench_torch(weights, b, args))
@@ -161,9 +215,11 @@ def main(argv=None) -> int:
     for r in rows:
         if "launches" in r:
             print(f"{r['impl']} b{r['batch']}: {r['launches']} launches/call, build {r['build_s']:.1f} s, {r['arena']}")
+    if len(args.variants) > 1:
+        compare_variants(rows, args.per_op)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], f, indent=1)
     return 0
 
 

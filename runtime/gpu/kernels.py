@@ -25,13 +25,15 @@ from ..errors import KernelCompileError
 from .cubins import CubinCache
 
 SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "sample.cu")
+PIPE_SOURCE = "conv_pipe.cu"   # after conv.cu, only in modules with a cp.async conv (ConvKey.stages)
 DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16")}
 MIN_TC_ARCH = 80   # mma.sync.m16n8k16 with bf16 and the cvt.*.bf16 conversions need sm_80+
 
 
 @dataclass(frozen=True)
 class ConvKey:
-    """One instantiation of conv_gemm (kernels/conv.cu)."""
+    """One instantiation of conv_gemm (kernels/conv.cu), or with stages > 0 of conv_gemm_pipe
+    (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; opt-in, see ops.stages_from_env)."""
     dtype: str      # "fp32" | "fp16" | "bf16"
     bm: int
     bn: int
@@ -43,20 +45,23 @@ class ConvKey:
     up: int
     vec: int
     gate: bool
+    stages: int = 0   # 0: conv_gemm (register-staged double buffering)
 
     @property
     def symbol(self) -> str:
         kind = "gate" if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
-        return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}")
+        return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}"
+                + (f"_s{self.stages}" if self.stages else ""))
 
     @property
     def threads(self) -> int:
         return 32 * self.wm * self.wn
 
     def instance(self) -> str:
-        return (f"CONV_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
+        macro, tail = ("CONV_PIPE_INSTANCE", f", {self.stages}") if self.stages else ("CONV_INSTANCE", "")
+        return (f"{macro}({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                 f"{self.wm}, {self.wn}, {self.kh}, {self.stride}, {self.up}, {self.vec}, "
-                f"{'true' if self.gate else 'false'})")
+                f"{'true' if self.gate else 'false'}{tail})")
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,10 @@ class SimpleKey:
         return f"FINAL_INSTANCE({self.symbol}, {d})"
 
 
-def read_sources(folder: Optional[Path] = None) -> str:
+def read_sources(folder: Optional[Path] = None, names: Sequence[str] = SOURCES) -> str:
     folder = Path(folder) if folder else kernels_dir()
     parts = []
-    for name in SOURCES:
+    for name in names:
         path = folder / name
         try:
             text = path.read_text()
@@ -95,9 +100,15 @@ def read_sources(folder: Optional[Path] = None) -> str:
 
 
 def module_source(keys: Iterable[Any], folder: Optional[Path] = None) -> str:
-    """All kernel sources, then one instantiation line per key (sorted: a stable cache key)."""
+    """All kernel sources, then one instantiation line per key (sorted: a stable cache key).
+    conv_pipe.cu joins only a module that instantiates it: the default module is unchanged."""
+    keys = list(keys)
+    names = SOURCES
+    if any(getattr(k, "stages", 0) for k in keys):
+        at = SOURCES.index("conv.cu") + 1
+        names = SOURCES[:at] + (PIPE_SOURCE,) + SOURCES[at:]
     lines = sorted({k.instance() for k in keys})
-    return read_sources(folder) + "\n// ==== instantiations (generated) ====\n" + "\n".join(lines) + "\n"
+    return read_sources(folder, names) + "\n// ==== instantiations (generated) ====\n" + "\n".join(lines) + "\n"
 
 
 def toolkit_include() -> Optional[str]:

@@ -4,10 +4,13 @@ weights in the layout the kernel reads, and compute grid/block/shared memory and
 
 Nothing here touches the GPU: an `OpSpec` is built from the plan and the parameters alone, and its
 `make_args(resolver)` turns device addresses (known once the arena and weights are allocated) into
-the launch arguments. Kernels: kernels/conv.cu (GEMM conv + gate), dwconv.cu, io.cu.
+the launch arguments. Kernels: kernels/conv.cu (GEMM conv + gate), dwconv.cu, io.cu, and the opt-in
+cp.async variant of the GEMM conv, conv_pipe.cu ($JETSON_UNET_CONV_STAGES, see stages_from_env).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -23,6 +26,10 @@ SMEM_LIMIT = 48 * 1024                               # static + dynamic without 
 DW_TILE, DW_CC, DW_THREADS = 8, 32, 256              # dwconv.cu
 INIT_TILE, FINAL_THREADS = 8, 128                    # io.cu
 GATE_MAX_N = 256
+STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # opt-in: cp.async ring depth of the GEMM conv
+MAX_STAGES = 6
+PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
+PIPE_SCRATCH = 2 * 1024                              # its other static smem (reductions, gate), at most
 
 
 def P(v: int) -> np.uint64:
@@ -109,6 +116,7 @@ class Ctx:
     views: Mapping[str, Tuple[int, int]]       # tensor -> (ld, channel offset in its root)
     tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch)
     extra_keys: List[Any] = field(default_factory=list)
+    conv_stages: int = field(default_factory=lambda: stages_from_env())   # 0: conv_gemm everywhere
 
 
 # ---- tile choice ----------------------------------------------------------------------------------
@@ -152,6 +160,48 @@ def choose_splits(nk: int, ctas: int, sms: int) -> int:
     if ctas >= target or nk < 8:
         return 1
     return max(1, min(cdiv(target, ctas), nk // 4, 16))
+
+
+def stages_from_env(environ: Optional[Mapping[str, str]] = None) -> int:
+    """$JETSON_UNET_CONV_STAGES: unset, empty or 0 -> 0 (the default kernels); 2..6 -> the cp.async
+    conv (kernels/conv_pipe.cu) with that many stages wherever pipe_tile allows it."""
+    raw = (os.environ if environ is None else environ).get(STAGES_ENV, "").strip()
+    if raw in ("", "0"):
+        return 0
+    try:
+        stages = int(raw)
+    except ValueError:
+        stages = -1
+    if not 2 <= stages <= MAX_STAGES:
+        raise ConfigError(f"{STAGES_ENV} must be 0 (off) or a stage count 2..{MAX_STAGES}, got {raw!r}")
+    return stages
+
+
+def pipe_ring_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
+    """Static smem of conv_pipe.cu's ring: `stages` x (A[bm][bk] + B[bn][bk]) 16-bit, unpadded."""
+    return 2 * (bm + bn) * bk * stages
+
+
+def pipe_tile(precision: str, bm: int, bn: int, vec: int, gate: bool, stages: int,
+              dyn_smem: int = 0) -> Optional[Tuple[int, int]]:
+    """(BK, STAGES) of the cp.async conv for this tile, or None to keep conv_gemm: fp32, scalar
+    loads (vec < 8), or no ring of >= min(stages, 3) stages within budget. Budget: the ring <=
+    PIPE_RING_LIMIT and ring + scratch + dynamic smem (GroupNorm scale/shift) <= SMEM_LIMIT, so no
+    launch needs the large-smem opt-in and two CTAs share an SM of 100 KB. Among the rings that fit,
+    the most k in flight ((stages - 1) * BK), then the fewer stages."""
+    if stages < 2 or precision == "fp32" or vec != VEC_MAX[precision]:
+        return None
+    budget = min(PIPE_RING_LIMIT, SMEM_LIMIT - PIPE_SCRATCH - dyn_smem)
+    fits = [(bk, s) for s in range(stages, min(stages, 3) - 1, -1)
+            for bk in sorted({choose_bk(precision, bm, bn, vec, gate), 32})
+            if pipe_ring_bytes(bm, bn, bk, s) <= budget]
+    return max(fits, key=lambda f: ((f[1] - 1) * f[0], -f[1])) if fits else None
+
+
+def with_pipeline(key: ConvKey, ctx: Ctx, dyn_smem: int) -> ConvKey:
+    """`key` as the cp.async variant when ctx.conv_stages asks for it and the tile allows it."""
+    pipe = pipe_tile(key.dtype, key.bm, key.bn, key.vec, key.gate, ctx.conv_stages, dyn_smem)
+    return key if pipe is None else dataclasses.replace(key, bk=pipe[0], stages=pipe[1])
 
 
 def vec_for(precision: str, ctx: Ctx, names: Sequence[Optional[str]], channels: Sequence[int]) -> int:
@@ -218,8 +268,9 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     if vec == 1 and tile[0] > 64:   # scalar loads: 128 rows would hold 32 loads + 64 indices per thread
         tile = (64,) + tuple(tile[1:])
     bm, bn, wm, wn = tile
-    return ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
-                   vec, False)
+    key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
+                  vec, False)
+    return with_pipeline(key, ctx, 8 * xt.channels if op.norm else 0) if ctx.conv_stages else key
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -288,8 +339,9 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
     tile = choose_tile(ctx.precision, size * size, g, ctx.tile_batch or ctx.batch, ctx.sms, gate=True)
     vec = vec_for(ctx.precision, ctx, (xname, skip, op.out), (g, r_ch))
     bm, bn, wm, wn = tile
-    return ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, True), wm, wn, 1, 1, 1,
-                   vec, True)
+    key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, True), wm, wn, 1, 1, 1,
+                  vec, True)
+    return with_pipeline(key, ctx, 0) if ctx.conv_stages else key
 
 
 def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -424,7 +476,8 @@ def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -
     per (config, precision) then serves every batch size (one compile, one cache entry)."""
     keys = set()
     for b in batches:
-        sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b)
+        sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b,
+                  conv_stages=ctx.conv_stages)
         for op in ctx.plan.ops:
             if op.kind == GATE:
                 keys.add(gate_key(op, sub))

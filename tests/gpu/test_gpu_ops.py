@@ -4,13 +4,14 @@ Teacher forcing: the reference runs the whole U-Net in float64 on fresh random i
 then gets the reference's values of its inputs (rounded to the device dtype), its output is
 poisoned with NaN, it runs alone, and is compared with `run_op` on the same rounded inputs. A
 normalized conv first re-runs its producer, whose kernel writes the GroupNorm partials it reads.
+With $JETSON_UNET_CONV_STAGES set, every case also runs with the cp.async conv (conftest.py).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from conftest import report
+from conftest import pipelined_symbols, report
 from runtime.config import UNetConfig
 from runtime.gpu.executor import GpuExecutor
 from runtime.gpu.ops import from_device, to_device
@@ -81,14 +82,19 @@ def check_all_ops(ex: GpuExecutor, weights: W, seed: int) -> list:
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=[f"{n}-b{b}" for n, _, b in CASES])
-def test_every_op_matches_reference(backend, precision, case):
+def test_every_op_matches_reference(backend, precision, case, conv_variant):
     name, cfg, batch = case
+    if conv_variant and precision == "fp32":
+        pytest.skip("fp32 always runs conv_gemm (FFMA)")
     weights = W(cfg, seed=batch)
     with GpuExecutor(weights, precision, batch=batch, backend=backend) as ex:
+        piped = pipelined_symbols(ex)
         errors = check_all_ops(ex, weights, seed=10 + batch)
+    assert bool(piped) == bool(conv_variant) or name == "odd", piped   # default config: every conv is 16-byte
     l2_tol, max_tol = OP_TOL[precision]
     bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
     worst = max(errors, key=lambda e: e[2])
-    report(f"ops {name} b{batch} {precision}: worst l2 {worst[2]:.2e} at {worst[0]} ({worst[1]}); "
+    report(f"ops {name} b{batch} {precision} conv-s{conv_variant} ({len(piped)} cp.async launches): "
+           f"worst l2 {worst[2]:.2e} at {worst[0]} ({worst[1]}); "
            f"{len(bad)} bad: " + "; ".join(f"{o} [{s}] l2={l:.1e} max={m:.1e}" for o, s, l, m in bad[:12]))
     assert not bad, f"{len(bad)} ops off (first: {bad[:5]})"

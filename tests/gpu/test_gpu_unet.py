@@ -1,10 +1,12 @@
-"""The whole U-Net on the GPU against the float64 reference, and CUDA-graph replay of one call."""
+"""The whole U-Net on the GPU against the float64 reference, and CUDA-graph replay of one call.
+With $JETSON_UNET_CONV_STAGES set, also with the cp.async conv, and that conv against the default
+one at batch 16 (the 128-row tiles that batch 1 and 3 do not pick on a large GPU)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from conftest import report
+from conftest import STAGES_ENV, pipelined_symbols, report
 from runtime import models_dir
 from runtime.config import UNetConfig
 from runtime.gpu.executor import GpuExecutor
@@ -36,23 +38,28 @@ def case():
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_unet_matches_float64_reference(backend, case, precision, batch):
+def test_unet_matches_float64_reference(backend, case, precision, batch, conv_variant):
     weights, x, t, want, kind = case
+    if conv_variant and precision == "fp32":
+        pytest.skip("fp32 always runs conv_gemm (FFMA)")
     with GpuExecutor(weights, precision, batch=batch, backend=backend) as ex:
+        piped = pipelined_symbols(ex)
         got = ex.eps(x[:batch], t[:batch])
         again = ex.eps(x[:batch], t[:batch])
         rep = ex.arena_report()
+    assert bool(piped) == bool(conv_variant), piped
     assert got.shape == want[:batch].shape and got.dtype == np.float32
     assert np.isfinite(got).all()
     err = float(np.linalg.norm(got - want[:batch]) / np.linalg.norm(want[:batch]))
-    report(f"unet {kind} {precision} b{batch}: rel L2 {err:.2e}; launches {ex.launches_per_call}; {rep['text']}")
+    report(f"unet {kind} {precision} b{batch} conv-s{conv_variant}: rel L2 {err:.2e}; "
+           f"launches {ex.launches_per_call}; {rep['text']}")
     assert np.array_equal(got, again), "two calls on the same input differ: a race"
     assert err < UNET_TOL[precision]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16"])
-def test_graph_replay_equals_direct_run(backend, case, precision):
+def test_graph_replay_equals_direct_run(backend, case, precision, conv_variant):
     weights, x, t, want, _ = case
     with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
         direct = ex.eps(x, t)
@@ -65,3 +72,31 @@ def test_graph_replay_equals_direct_run(backend, case, precision):
         s.synchronize()
         replay = ex.download_tensor("eps")
     assert np.array_equal(direct, replay)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_pipelined_conv_matches_default_at_batch_16(backend, case, precision, conv_variant, monkeypatch):
+    """Batch 16 picks the large tiles (128x64, 64x128) that the reference cases above may not reach;
+    the float64 reference is too slow there, so the cp.async conv is held to the default one."""
+    if not conv_variant:
+        pytest.skip(f"set {STAGES_ENV} to compare its cp.async conv with the default one")
+    weights = case[0]
+    cfg = weights.config
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((16, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
+    t = (np.arange(16) * 7) % cfg.timesteps
+    with GpuExecutor(weights, precision, batch=16, backend=backend) as ex:
+        piped = pipelined_symbols(ex)
+        got = ex.eps(x, t)
+        again = ex.eps(x, t)
+    monkeypatch.delenv(STAGES_ENV)
+    with GpuExecutor(weights, precision, batch=16, backend=backend) as ex:
+        want = ex.eps(x, t)
+    assert piped and np.isfinite(got).all()
+    assert np.array_equal(got, again), "two calls on the same input differ: a race"
+    err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    report(f"unet b16 {precision} conv-s{conv_variant} vs conv-s0: rel L2 {err:.2e}; cp.async tiles "
+           f"{sorted(set(s.split('_', 2)[2] for s in piped))}")
+    assert err < UNET_TOL[precision]
+

@@ -1,0 +1,216 @@
+"""The cp.async conv (kernels/conv_pipe.cu) against the stock one (conv.cu's conv_gemm), both run on
+the CPU by tests/emu/simt.h: the kernel files compiled by g++ with only their inline-PTX helpers
+(ldmatrix, mma.sync, cvt, cp.async) swapped for emulations. Same GEMM, same mma order over k: the
+outputs and GroupNorm partials must agree bit for bit, for every feature the kernels share
+(3x3/2x2/1x1, up2, unshuffle2, fused norm, residual K segment, time bias, GELU, identity residual,
+split-K, gate, ragged M and N, 2..4 stages, BK 32/64). One case also checks the stock kernel's
+emulation against NumPy, so the emulator itself is tested. No GPU needed; skipped without g++."""
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime import kernels_dir
+from runtime.gpu import ops
+from runtime.gpu.kernels import ConvKey
+
+pytestmark = pytest.mark.slow
+EMU = Path(__file__).parent / "emu" / "simt.h"
+
+F16_EMU = """struct F16 {
+    typedef u16 S;
+    static const bool TC = true;
+    static float to_f(u16 v) { return emu_h2f(v); }
+    static u16 from_f(float f) { return emu_f2h(f); }
+    static void mma(float c[4], const u32 a[4], const u32 b[2]) { emu_mma<emu_h2f>(c, a, b); }
+};"""
+BF16_EMU = F16_EMU.replace("F16", "BF16").replace("emu_h2f", "emu_b2f").replace("emu_f2h", "emu_f2b")
+CP_EMU = """inline void cp_async16(void *smem, const void *gmem, bool full) { emu_cp_async16(smem, gmem, full); }
+inline void cp_async_commit() { emu_commit(); }
+template <int N> inline void cp_async_wait() { emu_wait(N); }
+
+"""
+
+
+def sub1(pattern: str, repl: str, text: str) -> str:
+    out, n = re.subn(pattern, lambda _: repl, text, count=1, flags=re.S)
+    assert n == 1, f"emulation: {pattern!r} not found in the kernel source"
+    return out
+
+
+def emu_source(keys) -> str:
+    k = kernels_dir()
+    common = (k / "common.cuh").read_text()
+    common = sub1(r"struct F16 \{.*?\n\};", F16_EMU, common)
+    common = sub1(r"struct BF16 \{.*?\n\};", BF16_EMU, common)
+    common = sub1(r"__device__ __forceinline__ void ldmatrix_x4\(.*?\n\}",
+                  "inline void ldmatrix_x4(u32 r[4], const void *p) { emu_ldmatrix_x4(r, p); }", common)
+    conv = sub1(r"extern __shared__ __align__\(16\) float dyn_smem\[\];", "", (k / "conv.cu").read_text())
+    pipe = sub1(r"__device__ __forceinline__ void cp_async16\(.*?(?=template <class D)", CP_EMU,
+                (k / "conv_pipe.cu").read_text())
+    wrap = ("#define EMU_WRAP(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, CONV_PARAMS) "
+            "{ emu_launch([&] { name(CONV_ARGS); }, gx, gy, gz, nt); }")
+    lines = [key.instance() for key in keys] + [f"EMU_WRAP({key.symbol})" for key in keys]
+    return "\n".join([f'#include "{EMU}"', "inline unsigned __cvta_generic_to_shared(const void *) { return 0; }",
+                      common, conv, pipe, wrap] + lines) + "\n"
+
+
+def values(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values of a 16-bit output buffer (held as uint16 bit patterns)."""
+    return bits.view(np.float16).astype(np.float32) if dtype == "fp16" else ops.from_device(bits, dtype)
+
+
+def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, wn=2):
+    return ConvKey(dtype, bm, bn, bk, wm, wn, kh, st, up, 8, gate, stages)
+
+
+# (name, stock key, pipelined keys, shape). Shapes: Hin, Cin, N, Cr (residual K segment), batch,
+# and which epilogue features are on.
+CASES = [
+    ("3x3-norm-tbias-gelu-res", key(64, 64, 32), [key(64, 64, 32, stages=3), key(64, 64, 64, stages=2),
+                                                 key(64, 64, 32, stages=4)],
+     dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
+    ("up2-norm-residual-conv", key(32, 64, 64, up=2), [key(32, 64, 64, up=2, stages=3)],
+     dict(hin=6, cin=16, n=32, cr=24, batch=2, norm=True)),
+    ("unshuffle2", key(64, 32, 64, kh=2, st=2), [key(64, 32, 64, kh=2, st=2, stages=3)],
+     dict(hin=16, cin=8, n=32, cr=0, batch=1)),
+    ("1x1-bf16-128x64", key(128, 64, 32, kh=1, dtype="bf16"), [key(128, 64, 32, kh=1, dtype="bf16", stages=3)],
+     dict(hin=16, cin=48, n=64, cr=0, batch=1, norm=True, act=1)),
+    ("split-k", key(64, 64, 32), [key(64, 64, 32, stages=3)],
+     dict(hin=8, cin=64, n=64, cr=16, batch=2, norm=True, splits=3)),
+    ("gate", key(32, 64, 32, kh=1, gate=True), [key(32, 64, 32, kh=1, gate=True, stages=3)],
+     dict(hin=10, cin=40, n=40, cr=24, batch=2, gate=True)),
+]
+
+
+@pytest.fixture(scope="module")
+def emu_lib(tmp_path_factory):
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    keys = sorted({k for _, s, p, _ in CASES for k in [s] + p}, key=lambda k: k.symbol)
+    d = tmp_path_factory.mktemp("emu")
+    (d / "emu.cpp").write_text(emu_source(keys))
+    cmd = [cxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC", "-w",
+           f"-I{kernels_dir()}", str(d / "emu.cpp"), "-o", str(d / "emu.so")]   # conv.cu's #include: guarded
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode and ("_Float16" in r.stderr or "barrier" in r.stderr):
+        pytest.skip(f"this g++ lacks _Float16 or <barrier>: {r.stderr[:300]}")
+    assert r.returncode == 0, r.stderr[-4000:]
+    return ctypes.CDLL(str(d / "emu.so"))
+
+
+def conv_params() -> list:
+    text = (kernels_dir() / "conv.cu").read_text()
+    body = re.search(r"#define CONV_PARAMS\s*\\?\n?(.*?)\n#define", text, re.S).group(1)
+    params = [p.strip() for p in body.replace("\\", " ").split(",")]
+    return ["p" if "*" in p else ("f" if p.startswith("float") else "i") for p in params]
+
+
+class Problem:
+    """Random inputs of one case, in the kernels' layouts (NHWC, 16-bit bit patterns)."""
+
+    def __init__(self, k: ConvKey, hin, cin, n, cr, batch, norm=False, tbias=False, act=0, res=False,
+                 splits=1, gate=False, seed=0):
+        rng = np.random.default_rng(seed)
+        self.k, self.batch, self.cin, self.n, self.cr, self.splits = k, batch, cin, n, cr, splits
+        self.hin = hin
+        self.hout = hin * k.up // k.stride
+        self.m = self.hout * self.hout
+        dt = k.dtype
+        self.x = ops.to_device(rng.standard_normal((batch, hin, hin, cin)), dt)
+        self.xr = ops.to_device(rng.standard_normal((batch, self.hout, self.hout, max(cr, 8))), dt)
+        self.wmat = rng.standard_normal((n, k.kh * k.kh * cin)).astype(np.float32) / np.sqrt(k.kh * k.kh * cin)
+        segs = [self.wmat] + ([rng.standard_normal((n, cr)).astype(np.float32)] if cr else [])
+        self.norm, self.tbias_on, self.act, self.res_on, self.gate = norm, tbias, act, res, gate
+        self.bias = rng.standard_normal(n).astype(np.float32)
+        self.tb = rng.standard_normal((5, n)).astype(np.float32)
+        self.t_idx = np.array([3, 1][:batch] + [0] * max(0, batch - 2), dtype=np.int32)
+        self.gn_w = (1 + 0.1 * rng.standard_normal(cin)).astype(np.float32)
+        self.gn_b = (0.1 * rng.standard_normal(cin)).astype(np.float32)
+        parts = np.zeros((batch, 4, 4), dtype=np.float32)   # 4 partials per sample: n, sum, M2
+        parts[..., 0] = 50.0
+        parts[..., 1] = rng.standard_normal((batch, 4)) * 20
+        parts[..., 2] = 40.0 + rng.random((batch, 4)) * 20
+        self.gn_part = parts
+        self.res = ops.to_device(rng.standard_normal((batch, self.hout, self.hout, n)), dt)
+        self.psi = rng.standard_normal(n).astype(np.float32)
+        self.segs = segs
+
+    def run(self, lib, k: ConvKey):
+        w, ldw, nks = ops.pack_gemm(k.dtype, k.bn, k.bk, self.segs)
+        npad = ops.round_up(self.n, k.bn)
+        mtiles, ntiles = ops.cdiv(self.m, k.bm), ops.cdiv(self.n, k.bn)
+        out_c = self.cr if self.gate else self.n
+        out = np.full((self.batch, self.hout, self.hout, out_c), 0x7E00, dtype=np.uint16)   # NaN
+        st_part = np.full((self.batch, mtiles * ntiles, 4), np.nan, dtype=np.float32)
+        ws = np.zeros(self.batch * mtiles * ntiles * self.splits * k.bm * k.bn, dtype=np.float32)
+        counters = np.zeros(self.batch * mtiles * ntiles, dtype=np.int32)
+        keep = []
+
+        def p(a):
+            if a is None:
+                return ctypes.c_void_p(0)
+            a = np.ascontiguousarray(a)
+            keep.append(a)
+            return ctypes.c_void_p(a.ctypes.data)
+
+        args = [p(self.x), self.hin, self.hin, self.cin, self.cin, p(self.xr if self.cr else None), self.cr,
+                self.xr.shape[-1], p(w), ldw, nks[0], nks[1] if len(nks) > 1 else 0,
+                p(ops.padded(self.bias, npad)), p(self.tb if self.tbias_on else None), self.n,
+                p(self.t_idx if self.tbias_on else None), p(self.gn_w if self.norm else None),
+                p(self.gn_b if self.norm else None), p(self.gn_part if self.norm else None), 4, 1e-5,
+                p(self.res if self.res_on else None), self.n, out, self.hout, self.hout, self.n, out_c,
+                None if self.gate else st_part, self.act, p(ops.padded(self.psi, npad) if self.gate else None),
+                0.25, self.splits, p(ws if self.splits > 1 else None), p(counters if self.splits > 1 else None)]
+        cargs = []
+        for kind, a in zip(conv_params(), args):
+            if kind == "p":
+                cargs.append(a if isinstance(a, ctypes.c_void_p) else
+                             ctypes.c_void_p(a.ctypes.data) if a is not None else ctypes.c_void_p(0))
+            elif kind == "f":
+                cargs.append(ctypes.c_float(a))
+            else:
+                cargs.append(ctypes.c_int(a))
+        fn = getattr(lib, "emu_" + k.symbol)
+        fn(ctypes.c_int(mtiles * self.splits), ctypes.c_int(ntiles), ctypes.c_int(self.batch),
+           ctypes.c_int(k.threads), *cargs)
+        assert not counters.any(), "split-K counters must be re-armed"
+        return out, st_part
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_pipelined_equals_stock_bit_for_bit(emu_lib, case):
+    _, stock, pipes, shape = case
+    prob = Problem(stock, **shape)
+    want_out, want_st = prob.run(emu_lib, stock)
+    assert not np.isnan(values(want_out, stock.dtype)).any(), "stock kernel left outputs unwritten"
+    for k in pipes:
+        got_out, got_st = prob.run(emu_lib, k)
+        diff = np.argwhere(got_out != want_out)
+        assert diff.size == 0, (f"{k.symbol}: {len(diff)} outputs differ from {stock.symbol}, "
+                                f"first at {diff[:4].tolist()}")
+        assert np.array_equal(got_st, want_st, equal_nan=True), f"{k.symbol}: GroupNorm partials differ"
+
+
+def test_emulated_stock_kernel_matches_numpy(emu_lib):
+    """The emulator itself: a plain 3x3 conv (+ bias) of the stock kernel against NumPy."""
+    k = key(64, 64, 32)
+    prob = Problem(k, hin=12, cin=32, n=40, cr=0, batch=2)
+    out, st = prob.run(emu_lib, k)
+    x = prob.x.astype(np.float64)
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    cols = np.stack([xp[:, ky:ky + 12, kx:kx + 12, :] for ky in range(3) for kx in range(3)], axis=3)
+    w = ops.to_device(prob.wmat, "fp16").astype(np.float64)
+    want = cols.reshape(2, 12, 12, -1) @ w.T + prob.bias
+    got = values(out, "fp16")
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 2e-3, err
+    tiles = st.reshape(-1, 4)
+    assert np.isclose(tiles[:, 0].sum(), 2 * 144 * 40) and np.isclose(tiles[:, 1].sum(), got.sum(), rtol=1e-3)

@@ -1,0 +1,257 @@
+"""The opt-in cp.async conv (kernels/conv_pipe.cu, $JETSON_UNET_CONV_STAGES) on the host side, no GPU:
+- unset, the instantiation list and every launch (symbol, grid, block, smem, scalar arguments) are
+  those recorded before the variant existed (tests/fixtures/conv_launches_default.json);
+- set, the 16-bit vectorized GEMM convs and gates switch to `_s<stages>` symbols whose launch
+  arguments still match CONV_PARAMS, with a ring that fits the smem budget, and the weights packed
+  for their BK still reproduce the reference;
+- slow: the opt-in module compiles for sm_87 with nvcc, without spills, within the smem budget.
+
+Regenerate the fixture only for an intended change of the default kernels' selection:
+    python tests/test_conv_pipelined_cpu.py --write-golden
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from fakes import FakeBackend  # noqa: E402
+
+from runtime import kernels_dir  # noqa: E402
+from runtime.config import UNetConfig  # noqa: E402
+from runtime.errors import ConfigError  # noqa: E402
+from runtime.gpu import ops  # noqa: E402
+from runtime.gpu.executor import GpuExecutor  # noqa: E402
+from runtime.gpu.kernels import ConvKey, KernelSet, module_source, nvrtc_options  # noqa: E402
+from runtime.weights import random_params  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "fixtures" / "conv_launches_default.json"
+ODD = UNetConfig(dim=12, image_size=24, dim_mults=(1, 2, 3), time_dim=48)
+CONFIGS = {"default": UNetConfig(), "odd": ODD}
+# (config, precision, batch, SMs): the Orin Nano (8 SMs) at batch 1 and 16, the H200 (132) for fp16
+GOLDEN_CASES = ([("default", p, b, 8) for p in ("fp32", "fp16", "bf16") for b in (1, 16)]
+                + [("default", "fp16", b, 132) for b in (1, 16)] + [("odd", "fp16", 3, 8)])
+ORIN_SMEM_PER_SM = 100 * 1024   # the budget this work keeps to: two CTAs per SM
+CTA_RESERVED = 1024             # smem the driver reserves per CTA (sm_80+)
+
+
+class W:
+    def __init__(self, cfg: UNetConfig, seed: int = 0) -> None:
+        self.config, self.params = cfg, random_params(cfg, seed)
+
+
+def _arg(a):
+    if isinstance(a, np.uint64):
+        return "p" if int(a) else "0"   # addresses depend on allocation order: only null / not null
+    return int(a) if isinstance(a, np.int32) else float(a)
+
+
+def describe(cfg: UNetConfig, precision: str, batch: int, sms: int) -> dict:
+    """The generated instantiation lines and, per launch: name, symbol, grid, block, smem, arguments."""
+    ex = GpuExecutor(W(cfg), precision, batch=batch, backend=FakeBackend(sms=sms))
+    inst = ex.kernels.source.split("// ==== instantiations (generated) ====\n", 1)[1].splitlines()
+    launches = [" ".join([L.name, L.fn.symbol, "x".join(map(str, L.grid)), str(L.block[0]), str(L.smem),
+                          ",".join(str(_arg(a)) for a in L.args)]) for L in ex.launches]
+    return {"instantiations": inst, "launches": launches}
+
+
+def describe_all() -> dict:
+    return {f"{n}-{p}-b{b}-sms{s}": describe(CONFIGS[n], p, b, s) for n, p, b, s in GOLDEN_CASES}
+
+
+@pytest.fixture(autouse=True)
+def _own_module_cache():
+    """KernelSet caches modules per (backend name, source): leave other tests a cache as we found it
+    (test_gpu_cpu_parts reads what its FakeBackend compiled)."""
+    saved = dict(KernelSet._cache)
+    KernelSet._cache.clear()
+    yield
+    KernelSet._cache.clear()
+    KernelSet._cache.update(saved)
+
+
+@pytest.fixture
+def no_stages(monkeypatch):
+    monkeypatch.delenv(ops.STAGES_ENV, raising=False)
+
+
+@pytest.fixture
+def stages3(monkeypatch):
+    monkeypatch.setenv(ops.STAGES_ENV, "3")
+
+
+# ---- unset: nothing changes ----------------------------------------------------------------------
+
+def test_default_launches_are_unchanged(no_stages):
+    want = json.loads(GOLDEN.read_text())
+    got = describe_all()
+    assert sorted(got) == sorted(want)
+    for case in want:
+        for part in ("instantiations", "launches"):
+            w, g = want[case][part], got[case][part]
+            first = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
+            was, now = (w[first:first + 1] or [""])[0], (g[first:first + 1] or [""])[0]
+            assert w == g, (f"{case} {part} changed (regenerate the fixture only for an intended change): "
+                            f"{len(w)} -> {len(g)} lines; first difference at {first}: {was!r} -> {now!r}")
+
+
+def test_default_module_has_no_pipelined_code(no_stages):
+    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
+    assert "// ==== conv_pipe.cu" not in ex.kernels.source and "CONV_PIPE_INSTANCE" not in ex.kernels.source
+    assert not any(re.search(r"_s\d+$", s) for s in ex.kernels.symbols)
+    assert all(getattr(s.key, "stages", 0) == 0 for s in ex.specs)
+
+
+@pytest.mark.parametrize("raw,want", [("", 0), ("0", 0), (" 3 ", 3), ("2", 2), ("6", 6)])
+def test_stages_from_env(raw, want):
+    assert ops.stages_from_env({ops.STAGES_ENV: raw}) == want
+    assert ops.stages_from_env({}) == 0
+
+
+@pytest.mark.parametrize("raw", ["1", "7", "three", "-3", "3.0"])
+def test_stages_from_env_refuses_nonsense(raw):
+    with pytest.raises(ConfigError, match=ops.STAGES_ENV):
+        ops.stages_from_env({ops.STAGES_ENV: raw})
+
+
+def test_pipe_tile_budget():
+    pt = ops.pipe_tile
+    assert pt("fp16", 128, 64, 8, False, 3) == (32, 3)        # 36 KB ring
+    assert pt("bf16", 32, 64, 8, False, 3) == (64, 3)         # BK 64 where it fits: 128 k in flight
+    assert pt("fp16", 64, 64, 8, False, 3) == (32, 3)         # BK 64 x 3 would be 48 KB
+    assert pt("fp16", 64, 64, 8, False, 4) == (32, 4)
+    assert pt("fp16", 128, 64, 8, False, 4) == (32, 3)        # 4 stages do not fit: 3
+    assert pt("fp16", 32, 256, 8, True, 3) is None            # the widest gate keeps conv_gemm
+    assert pt("fp32", 64, 64, 4, False, 3) is None and pt("fp16", 64, 64, 1, False, 3) is None
+    assert pt("fp16", 64, 64, 8, False, 0) is None
+    assert pt("fp16", 128, 64, 8, False, 3, dyn_smem=8 * 1024) == (32, 3)      # Cin 1024
+    assert pt("fp16", 128, 64, 8, False, 3, dyn_smem=12 * 1024) is None       # Cin 1536
+    for bm, bn in ((32, 32), (32, 64), (64, 32), (64, 64), (128, 32), (128, 64), (64, 128)):
+        for s in (2, 3, 4, 5, 6):
+            got = pt("fp16", bm, bn, 8, False, s)
+            assert got is None or ops.pipe_ring_bytes(bm, bn, got[0], got[1]) <= ops.PIPE_RING_LIMIT
+
+
+# ---- set: the variant's launches ---------------------------------------------------------------
+
+def kernel_params(macro: str) -> list:
+    text = (kernels_dir() / "conv.cu").read_text()
+    body = re.search(r"#define %s\s*\\?\n?(.*?)\n#define" % macro, text, re.S).group(1)
+    params = [p.strip() for p in body.replace("\\", " ").split(",")]
+    return ["p" if "*" in p else ("f" if p.startswith("float") else "i") for p in params]
+
+
+KIND = {np.uint64: "p", np.int32: "i", np.float32: "f"}
+
+
+def test_pipelined_kernel_takes_conv_params():
+    """conv_pipe.cu's kernels are declared with conv.cu's CONV_PARAMS: one argument list for both."""
+    text = (kernels_dir() / "conv_pipe.cu").read_text()
+    macro = re.search(r"#define CONV_PIPE_INSTANCE\(([^)]*)\)(.*)", text, re.S)
+    names = [a.strip() for a in macro.group(1).split(",")]
+    assert names[-1] == "STAGES" and len(names) == 13
+    assert re.search(r"name\(CONV_PARAMS\)", macro.group(2)) and "(CONV_ARGS)" in macro.group(2)
+
+
+@pytest.mark.parametrize("cfg", ["default", "odd"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("sms", [8, 132])
+def test_opt_in_launches(stages3, cfg, precision, sms):
+    fb = FakeBackend(sms=sms)
+    ex = GpuExecutor(W(CONFIGS[cfg]), precision, batch=3, backend=fb)
+    kinds = kernel_params("CONV_PARAMS")
+    piped = 0
+    for spec, launch in zip(ex.specs, ex.launches):
+        key = spec.key
+        if not isinstance(key, ConvKey):
+            continue
+        got = [KIND[type(a)] for a in launch.args]
+        assert got == kinds, (spec.op.out, got, kinds)
+        want_piped = precision != "fp32" and key.vec == 8 and not (key.gate and key.bn == 256)
+        assert bool(key.stages) == want_piped, (spec.op.out, key)
+        if key.stages:
+            piped += 1
+            assert key.stages == 3 and launch.fn.symbol.endswith("_s3") and launch.fn.symbol == key.symbol
+            static = ops.pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + ops.PIPE_SCRATCH
+            assert static + launch.smem <= ops.SMEM_LIMIT, (spec.op.out, static, launch.smem)
+            assert 2 * (static + launch.smem + CTA_RESERVED) <= ORIN_SMEM_PER_SM
+    src = ex.kernels.source
+    if piped:
+        assert "// ==== conv_pipe.cu ====" in src and src.index("==== conv.cu") < src.index("==== conv_pipe.cu")
+        for sym in ex.kernels.symbols:
+            if sym.endswith("_s3"):
+                assert f"CONV_PIPE_INSTANCE({sym}," in src
+    else:
+        assert "// ==== conv_pipe.cu" not in src
+    if cfg == "default":   # every GEMM conv of the default config has 16-byte vectors
+        assert (piped > 0) == (precision != "fp32"), piped
+
+
+def test_opt_in_weights_reproduce_every_gemm_conv(stages3):
+    """The packed weights and K segments follow the variant's BK (32 where conv_gemm had 64)."""
+    from test_gpu_cpu_parts import test_packed_weights_reproduce_every_gemm_conv as check
+    check(UNetConfig(dim=8, image_size=16, dim_mults=(1, 2, 3), time_dim=32), "bf16")
+    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
+    assert any(s.key.stages and s.key.bk == 32 for s in ex.specs if isinstance(s.key, ConvKey))
+
+
+# ---- slow: the real compiler ---------------------------------------------------------------------
+
+def ptxas_report(text: str) -> dict:
+    """`-Xptxas -v` output -> {function: {regs, smem, stack, spill}}."""
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            cur = out.setdefault(m.group(1), {"regs": 0, "smem": 0, "stack": 0, "spill": 0})
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and cur is not None:
+            cur["stack"], cur["spill"] = int(m.group(1)), int(m.group(2)) + int(m.group(3))
+        m = re.search(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?", line)
+        if m and cur is not None and "Used" in line:
+            cur["regs"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            cur["smem"] = int(s.group(1)) if s else 0
+    return out
+
+
+@pytest.mark.slow
+def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend(sms=8))
+    keys = sorted({s.key for s in ex.specs if isinstance(s.key, ConvKey) and s.key.stages},
+                  key=lambda k: k.symbol)
+    dyn = {}
+    for s in ex.specs:
+        dyn[s.key.symbol] = max(dyn.get(s.key.symbol, 0), s.smem)
+    src = tmp_path / "pipe.cu"
+    src.write_text(module_source(keys))
+    opts = [o for o in nvrtc_options(87) if o.startswith(("-std", "-I"))]
+    r = subprocess.run([nvcc, "-cubin", "-arch=sm_87", *opts, "-Xptxas", "-v", str(src), "-o",
+                        str(tmp_path / "pipe.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rep = ptxas_report(r.stdout + r.stderr)
+    for k in keys:
+        f = rep[k.symbol]
+        assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
+        ring = ops.pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages)
+        assert ring <= f["smem"] <= ring + ops.PIPE_SCRATCH, (k.symbol, f)
+        assert f["smem"] + dyn.get(k.symbol, 0) <= ops.SMEM_LIMIT, (k.symbol, f)
+        assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)   # two CTAs per SM by registers
+
+
+if __name__ == "__main__" and "--write-golden" in sys.argv:
+    import os
+    os.environ.pop(ops.STAGES_ENV, None)
+    GOLDEN.write_text(json.dumps(describe_all(), indent=0, sort_keys=True))
+    print(f"wrote {GOLDEN}")
