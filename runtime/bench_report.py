@@ -14,7 +14,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import __version__
 from .errors import UsageError
+from .files import atomic_open
 
 SCHEMA = "jetson-bench/1"
 RUN_FIELDS = ("wall_s", "s_per_image", "images_per_s", "gpu_ms_per_step", "gpu_kernel_ms_per_step",
@@ -208,14 +208,8 @@ def assemble(args: Any, weights: Any, gpu: Any, tel: Any, origin: float, configs
 # ---- files --------------------------------------------------------------------------------------------
 
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_open(path, "w", newline="") as f:
+        write(f)
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:

@@ -13,13 +13,13 @@ import contextlib
 import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .files import atomic_open
 from .errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
 from .gpu.aot import COMPILERS
 from .gpu.kernels import set_compile_notice
@@ -112,14 +112,8 @@ def write_png(path: Path, image: np.ndarray) -> None:
     from PIL import Image
     mode = "RGB" if image.shape[-1] == 3 else "L"
     img = Image.fromarray(image if mode == "RGB" else image[..., 0], mode)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent or Path(".")))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            img.save(f, format="PNG")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_open(path, "wb") as f:
+        img.save(f, format="PNG")
 
 
 def _progress(quiet: bool, total: int):

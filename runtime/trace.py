@@ -8,12 +8,12 @@ emitted by the pipeline through the backend, not here.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+from .files import atomic_open
 
 
 @dataclass
@@ -62,14 +62,8 @@ class Timeline:
     def write(self, path: Path, extra: Optional[Dict[str, Any]] = None) -> None:
         doc = {"traceEvents": self.events(), "displayTimeUnit": "ms", "otherData": extra or {}}
         path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_open(path, "w") as f:
+            json.dump(doc, f)
 
 
 def _x(tracks: Dict[str, int], track: str, name: str, ts: float, dur: float) -> Dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import numpy as np
 from .config import UNetConfig
 from .errors import (ConfigError, WeightsDtypeError, WeightsError, WeightsFileError, WeightsFormatError,
                      WeightsHashError, WeightsNameError, WeightsShapeError, WeightsValueError)
+from .files import atomic_open
 from .plan import param_shapes
 
 FORMAT = "seed-unet-weights"
@@ -101,22 +101,9 @@ def save_weights(path: PathLike, config: UNetConfig, params: Mapping[str, np.nda
     blob = np.frombuffer(json.dumps(manifest, sort_keys=True).encode(), dtype=np.uint8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **{MANIFEST_KEY: blob}, **arrays)
-        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; a model file is for everyone
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_open(path, "wb") as f:
+        np.savez_compressed(f, **{MANIFEST_KEY: blob}, **arrays)
     return manifest
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def load_weights(path: PathLike) -> Weights:

@@ -24,7 +24,6 @@ import itertools
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -32,6 +31,7 @@ from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence,
 import numpy as np
 
 from ..errors import BackendUnavailable, KernelCompileError
+from ..files import atomic_open
 from .backend import DeviceBuffer
 
 NO_GRAPHS = "pycuda has no CUDA-graph capture API; use graphs=False (jetson-sample --no-graphs)"
@@ -122,10 +122,8 @@ def build_cubin(compiler: Any, compile_error: type, source: str, source_name: st
     if path is not None:
         try:   # atomic: a concurrent process sees a whole file or none
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=str(path.parent), suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
+            with atomic_open(path, "wb") as f:
                 f.write(cubin)
-            os.replace(tmp, path)
         except OSError:
             pass   # an unwritable cache only costs a recompile next time
     return cubin

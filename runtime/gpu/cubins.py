@@ -29,11 +29,12 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from ..files import atomic_open
 
 CACHE_VERSION = "v1"
 FORMAT = "jetson-unet-cubin/1"
@@ -217,15 +218,5 @@ def _read_json(path: Path) -> Optional[Dict[str, object]]:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)   # mkstemp makes 0600; a cache may be copied to another machine or user
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path, "wb") as f:   # world-readable: a cache may be copied to another machine
+        f.write(data)
