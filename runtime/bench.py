@@ -7,9 +7,10 @@
 For every configuration (precision x mode x sampler x steps x batch) the sampler is built once
 (setup: kernel build and weight upload, timed), run --warmup times unmeasured and --runs times
 measured. Per run: wall time, latency per image, images/s, the per-step breakdown from CUDA events
-(GPU backends), power, energy, temperatures and clocks over the run's telemetry window. Then a cold
-process is timed to its first image (`python -m runtime.cli --batch 1`, --cold), on the GPU once
-with an empty CuPy kernel cache and once with the cache that run filled. Outputs in --out: bench.json
+(GPU backends), power, energy, temperatures and clocks over the run's telemetry window. Then fresh
+processes are timed phase by phase to their first step and image (`python -m runtime.coldstart`,
+batch 1, --cold): on the GPU with empty kernel caches, with the caches that run filled, and with
+fresh caches filled by `jetson-sample --prepare` (ahead-of-time cubins). Outputs in --out: bench.json
 (everything), bench.csv (one row per configuration, medians over the runs), power.png and
 latency.png when matplotlib is importable. Method and fields: docs/bench.md.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import bench_report as report
+from . import bench_report as report, coldstart
 from .cli import _Parser, _run
 from .errors import BackendUnavailable, UsageError
 from .pipeline import BACKEND_CHOICES, NUMPY_PRECISIONS, PRECISIONS, default_weights_path
@@ -88,9 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=0.1, help="telemetry sampling interval, s")
     p.add_argument("--no-timeline", action="store_true", help="no CUDA events per step (no GPU/CPU breakdown)")
     p.add_argument("--cold", choices=("first", "each", "none"), default="first",
-                   help="cold-process time to first image: for the first configuration, for each distinct "
+                   help="fresh processes timed phase by phase to their first step and image (GPU: empty, "
+                        "warm and --prepare'd kernel caches): for the first configuration, for each distinct "
                         "(precision, mode, sampler, steps), or not at all")
-    p.add_argument("--cold-timeout", type=float, default=1800.0, help="limit per cold-start process, s")
+    p.add_argument("--cold-timeout", type=float, default=1800.0, help="limit per cold-start process (and --prepare), s")
     p.add_argument("--out", default="bench-out", help="output folder (created; its parent must exist)")
     return p
 
@@ -208,9 +209,7 @@ class GpuEngine:
 
     def wait_ready(self) -> None:
         """The executors return with the weight upload still in flight (early start): wait for it."""
-        for ex in self.sampler.executors:
-            ex.wait_weights(ex.stream)
-            ex.stream.synchronize()
+        self.sampler.wait_weights()
 
     def report(self) -> Dict[str, Any]:
         exs = self.sampler.executors
@@ -274,56 +273,95 @@ def bench_config(cfg: BenchConfig, weights: Any, gpu: Any, args: argparse.Namesp
     return rec
 
 
-# ---- cold start: a fresh process to its first image ---------------------------------------------------
+# ---- cold start: fresh processes to their first step and image (runtime.coldstart) --------------------
 
-_WROTE_RE = re.compile(r"wrote .*?, ([0-9.]+) s, [0-9.]+ s/image\)")
+NULL_FIGURES = dict.fromkeys(coldstart.PHASES + ("compiles",))   # a failed process's figures
 
 
 def _child_env(cache_dir: Optional[str]) -> Dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)   # the folder holding the runtime package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if cache_dir is not None:   # CuPy's kernel cache, and the pycuda backend's cubin cache
+    if cache_dir is not None:   # CuPy's kernel cache, the cubin cache and the pycuda backend's
         env["CUPY_CACHE_DIR"] = os.path.join(cache_dir, "cupy")
         env["JETSON_UNET_CACHE"] = os.path.join(cache_dir, "jetson-unet")
     return env
 
 
 def time_child(cmd: List[str], env: Dict[str, str], timeout: float) -> Dict[str, Any]:
+    """`cmd` run to exit: `s` (spawn to exit), `rc`, `error` (one line; None when it exited 0) and
+    `out` (its last non-empty stdout line)."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"s": None, "rc": None, "error": f"no exit within {timeout:g} s"}
+        return {"s": None, "rc": None, "error": f"no exit within {timeout:g} s", "out": None}
+    except OSError as e:
+        return {"s": None, "rc": None, "error": f"cannot start {cmd[0]}: {e.strerror}", "out": None}
     dt = time.perf_counter() - t0
-    m = _WROTE_RE.search(p.stderr)
-    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-    return {"s": dt, "rc": p.returncode, "sample_s": float(m.group(1)) if m else None,
-            "error": (lines[-1][:300] if lines else f"exit code {p.returncode}") if p.returncode else None}
+    errs = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    outs = [ln for ln in p.stdout.strip().splitlines() if ln.strip()]
+    return {"s": dt, "rc": p.returncode, "out": outs[-1] if outs else None,
+            "error": (errs[-1][:300] if errs else f"exit code {p.returncode}") if p.returncode else None}
+
+
+def run_child(cmd: List[str], env: Dict[str, str], timeout: float) -> Dict[str, Any]:
+    """One runtime.coldstart process: its wall time `s` and its phases (every one None when it
+    failed: non-zero exit, timeout, or no valid JSON line)."""
+    r = time_child(cmd, env, timeout)
+    out = r.pop("out", None)
+    rec = coldstart.parse_line(out) if r["error"] is None else None
+    if r["error"] is None and rec is None:
+        r["error"] = f"no phase times in its output ({(out or 'nothing')[:120]!r})"
+    r.update(rec if rec is not None else NULL_FIGURES)
+    return r
+
+
+def aot_child(cmd: List[str], prepare: List[str], env: Dict[str, str], timeout: float) -> Dict[str, Any]:
+    """`--prepare` into the fresh caches of `env` (timed: prepare_s), then the child on them."""
+    p = time_child(prepare, env, timeout)
+    if p["error"] is None:
+        r = run_child(cmd, env, timeout)
+    else:
+        r = dict(NULL_FIGURES, s=None, rc=None, error=f"--prepare failed: {p['error']}")
+    r.update(prepare_s=p["s"] if p["error"] is None else None, prepare_rc=p["rc"])
+    return r
+
+
+def cold_commands(cfg: BenchConfig, args: argparse.Namespace) -> Tuple[List[str], List[str]]:
+    """The child (`python -m runtime.coldstart`, batch 1) and the --prepare of its kernels."""
+    cmd = [sys.executable, "-m", "runtime.coldstart", "--weights", str(args.weights), "--batch", "1",
+           "--backend", cfg.backend, "--precision", cfg.precision, "--sampler", cfg.sampler,
+           "--eta", repr(args.eta), "--seed", str(args.seed)]
+    if cfg.sampler == "ddim":
+        cmd += ["--steps", str(cfg.steps)]
+    if cfg.backend != "numpy":
+        cmd += ["--mode", cfg.mode] + ([] if cfg.graphs else ["--no-graphs"])
+    prepare = [sys.executable, "-m", "runtime.cli", "--prepare", "--weights", str(args.weights),
+               "--precision", cfg.precision, "--batch", "1", "--arch", "native"]
+    return cmd, prepare
 
 
 def cold_start(cfg: BenchConfig, args: argparse.Namespace, notice: Notice) -> Dict[str, Any]:
-    """`python -m runtime.cli --batch 1` timed to exit; on a GPU once cold (empty kernel caches) and
-    once warm (the caches the cold run filled); on numpy once (there is no kernel cache)."""
-    cmd = [sys.executable, "-m", "runtime.cli", "--weights", str(args.weights), "--batch", "1",
-           "--backend", cfg.backend, "--precision", cfg.precision, "--sampler", cfg.sampler,
-           "--eta", repr(args.eta), "--seed", str(args.seed), "--quiet"]
-    if cfg.sampler == "ddim":
-        cmd += ["--steps", str(cfg.steps)]
+    """Fresh processes to their first step and image, each with caches of its own: on a GPU `cold`
+    (empty kernel caches), `warm` (the caches cold filled) and, on CuPy, `aot` (fresh caches filled
+    first by `jetson-sample --prepare`); on numpy `cold` only (there is no kernel cache). A failed
+    process is a notice and None figures, never an error."""
+    cmd, prepare = cold_commands(cfg, args)
     gpu = cfg.backend != "numpy"
-    if gpu:
-        cmd += ["--mode", cfg.mode] + ([] if cfg.graphs else ["--no-graphs"])
     tmp = tempfile.mkdtemp(prefix="jetson-bench-")
     try:
         env = _child_env(os.path.join(tmp, "cache") if gpu else None)
-        rec: Dict[str, Any] = {"cmd": cmd, "cold": time_child(cmd + ["--out", os.path.join(tmp, "c.png")], env,
-                                                              args.cold_timeout)}
+        rec: Dict[str, Any] = {"cmd": cmd, "cold": run_child(cmd, env, args.cold_timeout)}
         if gpu:
-            rec["warm"] = time_child(cmd + ["--out", os.path.join(tmp, "w.png")], env, args.cold_timeout)
+            rec["warm"] = run_child(cmd, env, args.cold_timeout)
+        if cfg.backend == "cupy":   # the pycuda backend does not read the cubin cache (README)
+            rec["prepare_cmd"] = prepare
+            rec["aot"] = aot_child(cmd, prepare, _child_env(os.path.join(tmp, "aot")), args.cold_timeout)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for k in ("cold", "warm"):
+    for k in report.COLD_RUNS:
         if k in rec and rec[k]["error"]:
             notice(f"cold start ({k}) of {cfg.label} failed: {rec[k]['error']}")
     return rec
@@ -353,8 +391,7 @@ def run_grid(grid: List[BenchConfig], weights: Any, gpu: Any, args: argparse.Nam
             a = tel.mark(f"{cfg.label} | cold start")
             c = colds[cold_key(cfg)] = dict(label=cfg.label, **cold_start(cfg, args, notice))
             c["window"] = [a, tel.mark(f"{cfg.label} | cold start end")]
-        rec["cold_start_s"] = c["cold"]["s"]
-        rec["warm_start_s"] = c["warm"]["s"] if "warm" in c else None
+        rec.update(report.cold_fields(c))
     return configs, list(colds.values())
 
 

@@ -29,15 +29,18 @@ RUN_FIELDS = ("wall_s", "s_per_image", "images_per_s", "gpu_ms_per_step", "gpu_k
               "energy_j_per_image", "max_temp_c", "max_gpu_mhz", "mean_gpu_util")
 CSV_FIELDS = ("label", "backend", "precision", "mode", "sampler", "steps", "batch", "graphs", "runs",
               "s_per_image", "images_per_s", "wall_s", "gpu_ms_per_step", "gpu_kernel_ms_per_step",
-              "cpu_ms_per_step", "gpu_busy_fraction", "setup_s", "cold_start_s", "warm_start_s",
-              "launches_per_unet", "arena_bytes", "weights_bytes", "device_mem_bytes", "mean_power_w",
-              "peak_power_w", "energy_j_per_image", "max_temp_c", "max_gpu_mhz", "mean_gpu_util",
-              "telemetry")
+              "cpu_ms_per_step", "gpu_busy_fraction", "setup_s", "cold_start_s", "warm_start_s", "aot_start_s",
+              "prepare_s", "cold_ready_s", "warm_ready_s", "aot_ready_s", "launches_per_unet", "arena_bytes",
+              "weights_bytes", "device_mem_bytes", "mean_power_w", "peak_power_w", "energy_j_per_image",
+              "max_temp_c", "max_gpu_mhz", "mean_gpu_util", "telemetry")
+COLD_RUNS = ("cold", "warm", "aot")   # the cold-start processes (runtime.bench.cold_start)
 COMPARE_KEY = ("precision", "mode", "sampler", "steps", "batch")
 COMPARE_METRICS = (("s_per_image", "s/image", "{:.4f}"), ("images_per_s", "images/s", "{:.2f}"),
                    ("gpu_ms_per_step", "GPU ms/step", "{:.3f}"), ("cpu_ms_per_step", "CPU ms/step", "{:.3f}"),
                    ("gpu_busy_fraction", "GPU busy", "{:.2f}"), ("setup_s", "setup s", "{:.2f}"),
                    ("cold_start_s", "cold start s", "{:.2f}"), ("warm_start_s", "warm start s", "{:.2f}"),
+                   ("aot_start_s", "aot start s", "{:.2f}"), ("cold_ready_s", "cold ready s", "{:.3f}"),
+                   ("warm_ready_s", "warm ready s", "{:.3f}"), ("aot_ready_s", "aot ready s", "{:.3f}"),
                    ("mean_power_w", "power W", "{:.2f}"), ("energy_j_per_image", "J/image", "{:.3f}"),
                    ("device_mem_bytes", "device MB", "{:.1f}"))
 
@@ -162,10 +165,23 @@ def summarize_config(rec: Dict[str, Any], telemetry: str) -> Dict[str, Any]:
     row: Dict[str, Any] = {"label": rec["label"], "runs": len(rec["runs"]), "telemetry": telemetry}
     row.update({k: c[k] for k in ("backend", "precision", "mode", "sampler", "steps", "batch", "graphs")})
     row.update({k: median_of(rec["runs"], k) for k in RUN_FIELDS})
-    row.update(setup_s=rec["setup_s"], cold_start_s=rec.get("cold_start_s"), warm_start_s=rec.get("warm_start_s"),
-               launches_per_unet=eng.get("launches_per_unet"), arena_bytes=eng.get("arena_bytes"),
-               weights_bytes=eng.get("weights_bytes"), device_mem_bytes=mem.get("device_mem_bytes"))
+    row.update({k: rec.get(k) for k in cold_fields({})})
+    row.update(setup_s=rec["setup_s"], launches_per_unet=eng.get("launches_per_unet"),
+               arena_bytes=eng.get("arena_bytes"), weights_bytes=eng.get("weights_bytes"),
+               device_mem_bytes=mem.get("device_mem_bytes"))
     return row
+
+
+def cold_fields(c: Dict[str, Any]) -> Dict[str, Any]:
+    """A cold-start record -> its configurations' figures: per process (cold, warm, aot) the wall
+    time from spawn to exit (`<run>_start_s`) and the time to the first step without the imports
+    (`<run>_ready_s` = weights_s + load_s + first_step_s); `prepare_s`, the aot run's --prepare."""
+    out: Dict[str, Any] = {}
+    for k in COLD_RUNS:
+        r = c.get(k) or {}
+        out[f"{k}_start_s"], out[f"{k}_ready_s"] = r.get("s"), r.get("ready_s")
+    out["prepare_s"] = (c.get("aot") or {}).get("prepare_s")
+    return out
 
 
 def _shift(x: Any, origin: float) -> Any:
@@ -336,13 +352,14 @@ def describe(doc: Dict[str, Any]) -> str:
 def print_table(doc: Dict[str, Any]) -> None:
     print(f"{describe(doc)}; medians of {doc['args'].get('runs')} runs")
     print(f"{'configuration':<32} {'s/image':>9} {'img/s':>8} {'GPU ms/st':>9} {'CPU ms/st':>9} {'busy':>5} "
-          f"{'setup s':>7} {'cold s':>7} {'warm s':>7} {'W':>6} {'J/img':>7}")
+          f"{'setup s':>7} {'cold s':>7} {'warm s':>7} {'ready c/w/aot s':>17} {'W':>6} {'J/img':>7}")
     for rec in doc["configs"]:
         r = rec["summary"]
         print(f"{r['label']:<32} {_fmt(r['s_per_image'], '{:.4f}'):>9} {_fmt(r['images_per_s'], '{:.2f}'):>8} "
               f"{_fmt(r['gpu_ms_per_step'], '{:.3f}'):>9} {_fmt(r['cpu_ms_per_step'], '{:.3f}'):>9} "
               f"{_fmt(r['gpu_busy_fraction'], '{:.2f}'):>5} {_fmt(r['setup_s'], '{:.2f}'):>7} "
               f"{_fmt(r['cold_start_s'], '{:.2f}'):>7} {_fmt(r['warm_start_s'], '{:.2f}'):>7} "
+              f"{'/'.join(_fmt(r[k + '_ready_s'], '{:.3f}') for k in COLD_RUNS):>17} "
               f"{_fmt(r['mean_power_w'], '{:.2f}'):>6} {_fmt(r['energy_j_per_image'], '{:.3f}'):>7}")
 
 

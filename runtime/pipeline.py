@@ -2,6 +2,7 @@
 
     from runtime.pipeline import Pipeline
     with Pipeline("weights/seed-unet-emoji64.npz", backend="auto") as pipe:
+        pipe.load(batch=4)                             # optional: pay the GPU start-up now (at boot)
         images = pipe.sample(batch=4, seed=1)          # (4, 64, 64, 3) uint8
 
 `sample` calls on one Pipeline from several threads are serialized by a lock (each call runs to
@@ -98,6 +99,22 @@ class Pipeline:
             self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs,
                                       backend=get_backend(self.backend))
         return self._engine
+
+    def load(self, batch: int = 1) -> "Pipeline":
+        """Pay the start-up now rather than in the first sample(): on a GPU, build the engine for
+        `batch` (kernel modules loaded from the cubin cache, or compiled; arena and weights
+        allocated; weights uploaded and waited for; gpu mode's step tables), so that a later
+        sample() of this batch size starts its first step at once. On numpy there is nothing to
+        build. One engine is kept: a sample() of another batch size builds that one instead.
+        Returns self (`pipe = Pipeline(path).load(4)`)."""
+        if batch < 1:
+            raise UsageError(f"batch must be >= 1, got {batch}")
+        with self._lock:
+            if self._closed:
+                raise UsageError("this Pipeline is closed")
+            if self.backend != "numpy":
+                self._gpu_sampler(batch).prepare()
+        return self
 
     def sample(self, batch: int = 1, steps: Optional[int] = None, sampler: str = "ddpm", eta: float = 0.0,
                seed: int = 0, callback: Optional[Callback] = None, timeline: Any = None) -> np.ndarray:

@@ -27,6 +27,7 @@ import roofline  # noqa: E402
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32,
                   schedule=Schedule(timesteps=10, beta_end=0.005))
+PHASES = ("import_s", "weights_s", "load_s", "first_step_s", "image_s", "total_s", "ready_s")
 RUN_KEYS = {"run", "t0", "t1", "wall_s", "s_per_image", "images_per_s", "mean_power_w", "energy_j_per_image",
             "max_temp_c", "max_gpu_mhz", "telemetry_samples"}
 
@@ -66,13 +67,20 @@ def test_numpy_run_writes_json_and_csv(numpy_result: Path, weights_path: Path):
         assert c["runs"][0]["s_per_image"] > 0 and c["runs"][0]["t1"] > c["runs"][0]["t0"] >= 0
     # one cold start serves both batches (it always runs --batch 1); numpy has no kernel cache
     assert len(doc["cold_starts"]) == 1 and doc["cold_starts"][0]["cold"]["rc"] == 0
-    assert "warm" not in doc["cold_starts"][0]
+    cold = doc["cold_starts"][0]["cold"]
+    assert "warm" not in doc["cold_starts"][0] and "aot" not in doc["cold_starts"][0]
+    assert all(cold[k] >= 0 for k in PHASES) and cold["compiles"] == 0 and cold["error"] is None
+    assert cold["s"] >= cold["total_s"] >= (cold["import_s"] + cold["ready_s"] + cold["image_s"]) * (1 - 1e-12)
+    for c in doc["configs"]:
+        assert (c["cold_start_s"], c["cold_ready_s"]) == (cold["s"], cold["ready_s"])
+        assert c["warm_ready_s"] is None and c["aot_ready_s"] is None and c["prepare_s"] is None
     rows = list(csv.DictReader((numpy_result / "bench.csv").open()))
     assert len(rows) == 2 and list(rows[0]) == list(report.CSV_FIELDS)
     for row, batch in zip(rows, ("1", "2")):
         assert (row["backend"], row["precision"], row["sampler"], row["steps"], row["batch"]) == \
             ("numpy", "fp32", "ddim", "2", batch)
-        assert float(row["s_per_image"]) > 0 and float(row["cold_start_s"]) > 0
+        assert float(row["s_per_image"]) > 0 and float(row["cold_start_s"]) > 0 and float(row["cold_ready_s"]) > 0
+        assert row["warm_ready_s"] == row["aot_ready_s"] == row["prepare_s"] == ""
         assert row["mean_power_w"] == "" and row["telemetry"] == "none"
 
 
@@ -244,23 +252,103 @@ def test_roofline_call_model_fit_and_prediction():
         assert floor[clock][0] < pred[clock][0] <= pred[clock][1] < worst[clock][1]
 
 
-def test_gpu_cold_start_runs_cold_then_warm_on_one_fresh_cache(weights_path, tmp_path, monkeypatch):
+def child_line(ready: float, compiles: int) -> str:
+    return json.dumps({"import_s": 0.5, "weights_s": 0.1, "load_s": ready - 0.2, "first_step_s": 0.1,
+                       "image_s": 0.1, "total_s": ready + 0.6, "ready_s": ready, "compiles": compiles})
+
+
+def test_gpu_cold_start_runs_cold_warm_and_aot_on_fresh_caches(weights_path, tmp_path, monkeypatch):
     calls = []
+    lines = iter([child_line(9.0, 1), child_line(0.5, 0), None, child_line(0.4, 0)])   # None: --prepare
 
     def fake_child(cmd, env, timeout):
         calls.append((cmd, env))
-        return {"s": 1.0 + len(calls), "rc": 0, "sample_s": 0.5, "error": None}
+        return {"s": 1.0 + len(calls), "rc": 0, "error": None, "out": next(lines)}
 
     monkeypatch.setattr(bench, "time_child", fake_child)
     args = bench.build_parser().parse_args(base_args(weights_path, tmp_path))
     cfg = bench.BenchConfig("cupy", "fp16", "gpu", "ddim", 2, 4, False)
-    rec = bench.cold_start(cfg, args, notice=lambda m: None)
-    assert (rec["cold"]["s"], rec["warm"]["s"]) == (2.0, 3.0)
-    (cold_cmd, cold_env), (warm_cmd, warm_env) = calls
+    notes: list = []
+    rec = bench.cold_start(cfg, args, notice=notes.append)
+    assert notes == []
+    assert [rec[k]["s"] for k in ("cold", "warm", "aot")] == [2.0, 3.0, 5.0]
+    assert [rec[k]["ready_s"] for k in ("cold", "warm", "aot")] == [9.0, 0.5, 0.4]
+    assert [rec[k]["compiles"] for k in ("cold", "warm", "aot")] == [1, 0, 0] and rec["aot"]["prepare_s"] == 4.0
+    (cold_cmd, cold_env), (warm_cmd, warm_env), (prep_cmd, prep_env), (aot_cmd, aot_env) = calls
+    assert cold_cmd == warm_cmd == aot_cmd == rec["cmd"] and prep_cmd == rec["prepare_cmd"]
     for flags in (["--batch", "1"], ["--backend", "cupy"], ["--mode", "gpu"], ["--steps", "2"], ["--no-graphs"]):
         i = cold_cmd.index(flags[0])
         assert cold_cmd[i:i + len(flags)] == flags, (flags, cold_cmd)
-    assert cold_cmd[:3] == [sys.executable, "-m", "runtime.cli"]
-    cache = cold_env["CUPY_CACHE_DIR"]
-    assert warm_env["CUPY_CACHE_DIR"] == cache and cache != os.environ.get("CUPY_CACHE_DIR")
-    assert not Path(cache).parent.parent.exists()           # the temporary caches are removed
+    assert cold_cmd[:3] == [sys.executable, "-m", "runtime.coldstart"]
+    assert prep_cmd[:4] == [sys.executable, "-m", "runtime.cli", "--prepare"]
+    for flags in (["--precision", "fp16"], ["--batch", "1"], ["--arch", "native"]):
+        i = prep_cmd.index(flags[0])
+        assert prep_cmd[i:i + 2] == flags, (flags, prep_cmd)
+    for key in ("CUPY_CACHE_DIR", "JETSON_UNET_CACHE"):
+        assert warm_env[key] == cold_env[key] != os.environ.get(key)
+        assert prep_env[key] == aot_env[key] != cold_env[key], "aot: caches of its own, filled by --prepare"
+    assert not Path(cold_env["CUPY_CACHE_DIR"]).parent.parent.exists()     # the temporary caches are removed
+    fields = report.cold_fields(rec)
+    assert (fields["cold_ready_s"], fields["warm_ready_s"], fields["aot_ready_s"], fields["prepare_s"]) == \
+        (9.0, 0.5, 0.4, 4.0)
+
+
+@pytest.mark.parametrize("run, failure, needle", [
+    ("cold", {"s": 1.0, "rc": 1, "error": "jetson: error: GPU error at step 0", "out": None}, "GPU error at step 0"),
+    ("warm", {"s": None, "rc": None, "error": "no exit within 5 s", "out": None}, "no exit within 5 s"),
+    ("warm", {"s": 1.0, "rc": 0, "error": None, "out": "Segmentation fault"}, "no phase times"),
+    ("prepare", {"s": 1.0, "rc": 1, "error": "nvrtc: error", "out": None}, "--prepare failed: nvrtc: error"),
+])
+def test_a_failed_cold_start_process_is_a_notice_and_nulls(weights_path, tmp_path, monkeypatch, run, failure, needle):
+    order = ["cold", "warm", "prepare", "aot"]
+
+    def fake_child(cmd, env, timeout):
+        name = order.pop(0)
+        return dict(failure) if name == run else {"s": 1.0, "rc": 0, "error": None, "out": child_line(0.3, 0)}
+
+    monkeypatch.setattr(bench, "time_child", fake_child)
+    args = bench.build_parser().parse_args(base_args(weights_path, tmp_path))
+    notes: list = []
+    rec = bench.cold_start(bench.BenchConfig("cupy", "fp16", "gpu", "ddpm", 10, 1, True), args, notes.append)
+    failed = "aot" if run == "prepare" else run
+    assert len(notes) == 1 and f"cold start ({failed})" in notes[0] and needle in notes[0], notes
+    assert all(rec[failed][k] is None for k in PHASES + ("compiles",))
+    assert all(rec[k]["ready_s"] == 0.3 for k in ("cold", "warm", "aot") if k != failed)
+    if run == "prepare":
+        assert order == ["aot"] and rec["aot"]["prepare_s"] is None, "no child on caches --prepare did not fill"
+
+
+def test_a_real_failing_child_does_not_stop_the_bench(weights_path, tmp_path, monkeypatch, capsys):
+    """The child itself fails (here: its weights vanish after the benchmark loaded them)."""
+    real = bench.cold_commands
+
+    def gone(cfg, args):
+        cmd, prepare = real(cfg, args)
+        cmd[cmd.index("--weights") + 1] = str(tmp_path / "gone.npz")
+        return cmd, prepare
+
+    monkeypatch.setattr(bench, "cold_commands", gone)
+    assert bench.main(base_args(weights_path, tmp_path / "o")) == 0
+    doc = json.loads((tmp_path / "o" / "bench.json").read_text())
+    cold = doc["cold_starts"][0]["cold"]
+    assert cold["rc"] == 2 and "gone.npz" in cold["error"] and cold["ready_s"] is None
+    assert len(doc["notices"]) >= 1 and any("cold start (cold)" in n and "gone.npz" in n for n in doc["notices"])
+    assert doc["configs"][0]["summary"]["cold_ready_s"] is None
+    assert "cold start (cold)" in capsys.readouterr().err
+
+
+def test_compare_reads_a_result_without_the_cold_start_phases(numpy_result, tmp_path, capsys):
+    """A bench.json from before the phases (no *_ready_s, aot_start_s, prepare_s) still compares."""
+    doc = json.loads((numpy_result / "bench.json").read_text())
+    for c in doc["configs"]:
+        for k in ("aot_start_s", "prepare_s", "cold_ready_s", "warm_ready_s", "aot_ready_s"):
+            c["summary"].pop(k)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    assert bench.main(["compare", str(old), str(numpy_result / "bench.json")]) == 0
+    out = capsys.readouterr().out
+    ready = [ln for ln in out.splitlines() if "cold ready s" in ln]
+    assert len(ready) == 2, out
+    for ln in ready:
+        a, b, ratio = ln.split()[-3:]
+        assert a == "-" and float(b) > 0 and ratio == "-", ln

@@ -97,6 +97,22 @@ class GpuSampler:
             self._tables = None
         self.executors, self._graph = [], None
 
+    def wait_weights(self) -> None:
+        """Block until every executor's early-start weight upload has landed."""
+        for ex in self.executors:
+            ex.wait_weights(ex.stream)
+            ex.stream.synchronize()
+
+    def prepare(self) -> None:
+        """What the first run() would otherwise do before its first step: gpu mode's device tables
+        and pinned noise rows, and the end of the weight upload. The step graph is still captured
+        by the first run (after its first step, see _capture)."""
+        if not self.executors:
+            raise UsageError("this GpuSampler is closed")
+        if self.mode == "gpu" and self._tables is None:
+            self._prepare_gpu()
+        self.wait_weights()
+
     def run(self, steps: Sequence[Step], seed: int, callback: Optional[Callback] = None,
             timeline: Optional[Timeline] = None) -> np.ndarray:
         """x_0 as float32 (B, C, H, W)."""
