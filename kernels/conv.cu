@@ -24,7 +24,7 @@
 //   fp32 FFMA with a TMxTN register tile per thread, BK = 16. Register-staged double buffering.
 // Reference: runtime.reference.run_conv / run_gate.
 // The GroupNorm prologue, the tensor-core k-tile, the split-K merge and the epilogue are device
-// functions shared with the cp.async variant (conv_pipe.cu, opt-in): both kernels run the same code
+// functions shared with the cp.async variant (conv_pipe.cu, the default for 16-bit convs): both kernels run the same code
 // for everything but moving the tiles into shared memory.
 #include "common.cuh"
 

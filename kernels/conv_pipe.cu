@@ -1,6 +1,6 @@
-// conv_pipe.cu: conv_gemm (conv.cu) with a cp.async multi-stage shared-memory pipeline. Opt-in
-// (JETSON_UNET_CONV_STAGES, runtime/gpu/ops.py): the loader appends this file after conv.cu only to
-// modules that instantiate it, so the default module does not contain it.
+// conv_pipe.cu: conv_gemm (conv.cu) with a cp.async multi-stage shared-memory pipeline. The default
+// for 16-bit vectorized convs and gates (3 stages; JETSON_UNET_CONV_STAGES, runtime/gpu/ops.py; 0
+// turns it off): the loader appends this file after conv.cu only to modules that instantiate it.
 //
 // Computes exactly what conv_gemm computes (same GEMM, K order, in_map, fused GroupNorm, residual K
 // segment, split-K, epilogue and statistics: those are conv.cu's shared device functions), for

@@ -1,12 +1,13 @@
-"""The opt-in cp.async conv (kernels/conv_pipe.cu, $JETSON_UNET_CONV_STAGES) on the host side, no GPU:
-- unset, the instantiation list and every launch (symbol, grid, block, smem, scalar arguments) are
-  those recorded before the variant existed (tests/fixtures/conv_launches_default.json);
-- set, the 16-bit vectorized GEMM convs and gates switch to `_s<stages>` symbols whose launch
+"""The cp.async conv (kernels/conv_pipe.cu, $JETSON_UNET_CONV_STAGES, 3 stages by default) on the host
+side, no GPU:
+- with 0 (the way back), the instantiation list and every launch (symbol, grid, block, smem, scalar
+  arguments) are those recorded before the variant existed (tests/fixtures/conv_launches_default.json);
+- by default, the 16-bit vectorized GEMM convs and gates switch to `_s<stages>` symbols whose launch
   arguments still match CONV_PARAMS, with a ring that fits the smem budget, and the weights packed
   for their BK still reproduce the reference;
 - slow: the opt-in module compiles for sm_87 with nvcc, without spills, within the smem budget.
 
-Regenerate the fixture only for an intended change of the default kernels' selection:
+Regenerate the fixture only for an intended change of conv_gemm's selection:
     python tests/test_conv_pipelined_cpu.py --write-golden
 """
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _own_module_cache():
 
 @pytest.fixture
 def no_stages(monkeypatch):
-    monkeypatch.delenv(ops.STAGES_ENV, raising=False)
+    monkeypatch.setenv(ops.STAGES_ENV, "0")
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def stages3(monkeypatch):
     monkeypatch.setenv(ops.STAGES_ENV, "3")
 
 
-# ---- unset: nothing changes ----------------------------------------------------------------------
+# ---- 0: conv_gemm as it was ----------------------------------------------------------------------
 
 def test_default_launches_are_unchanged(no_stages):
     want = json.loads(GOLDEN.read_text())
@@ -109,10 +110,17 @@ def test_default_module_has_no_pipelined_code(no_stages):
     assert all(getattr(s.key, "stages", 0) == 0 for s in ex.specs)
 
 
-@pytest.mark.parametrize("raw,want", [("", 0), ("0", 0), (" 3 ", 3), ("2", 2), ("6", 6)])
+@pytest.mark.parametrize("raw,want", [("", ops.DEFAULT_STAGES), ("0", 0), (" 3 ", 3), ("2", 2), ("6", 6)])
 def test_stages_from_env(raw, want):
     assert ops.stages_from_env({ops.STAGES_ENV: raw}) == want
-    assert ops.stages_from_env({}) == 0
+    assert ops.stages_from_env({}) == ops.DEFAULT_STAGES == 3
+
+
+def test_default_is_the_cp_async_conv(monkeypatch):
+    monkeypatch.delenv(ops.STAGES_ENV, raising=False)
+    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
+    assert {s.key.stages for s in ex.specs if isinstance(s.key, ConvKey)} == {0, ops.DEFAULT_STAGES}
+    assert "// ==== conv_pipe.cu" in ex.kernels.source
 
 
 @pytest.mark.parametrize("raw", ["1", "7", "three", "-3", "3.0"])
@@ -252,6 +260,6 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
 
 if __name__ == "__main__" and "--write-golden" in sys.argv:
     import os
-    os.environ.pop(ops.STAGES_ENV, None)
+    os.environ[ops.STAGES_ENV] = "0"
     GOLDEN.write_text(json.dumps(describe_all(), indent=0, sort_keys=True))
     print(f"wrote {GOLDEN}")

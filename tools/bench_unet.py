@@ -10,8 +10,9 @@ Timing: CUDA events around `iters` back-to-back calls after `warmup` calls; the 
 per call over that window, repeated `repeats` times and the median reported (METHOD: warm up,
 many calls, events, median). Inputs are random (never zeros).
 
---variants: the GEMM conv family per run, as $JETSON_UNET_CONV_STAGES would pick it (0: the default
-conv_gemm; n: the cp.async conv of kernels/conv_pipe.cu with n stages); each variant is built and
+--variants: the GEMM conv family per run, as $JETSON_UNET_CONV_STAGES would pick it (0: the
+register-staged conv_gemm; n: the cp.async conv of kernels/conv_pipe.cu with n stages, 3 by default);
+each variant is built and
 timed in turn, then compared with the first: graph ms, speedup, and the relative L2 distance of its
 eps from the first variant's on the same input (a correctness smoke test, not a tolerance check).
 """
@@ -33,7 +34,7 @@ from runtime import models_dir  # noqa: E402
 from runtime.config import UNetConfig  # noqa: E402
 from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.gpu.ops import STAGES_ENV  # noqa: E402
+from runtime.gpu.ops import DEFAULT_STAGES, STAGES_ENV  # noqa: E402
 from runtime.weights import load_weights, random_params  # noqa: E402
 
 
@@ -61,10 +62,9 @@ def timed(backend, stream, fn, warmup: int, iters: int, repeats: int) -> float:
 
 @contextlib.contextmanager
 def conv_stages(stages: int):
-    """$JETSON_UNET_CONV_STAGES = stages (0: unset) while executors are built, restored after."""
+    """$JETSON_UNET_CONV_STAGES = stages while executors are built, restored after."""
     old = os.environ.pop(STAGES_ENV, None)
-    if stages:
-        os.environ[STAGES_ENV] = str(stages)
+    os.environ[STAGES_ENV] = str(stages)
     try:
         yield
     finally:
@@ -73,7 +73,7 @@ def conv_stages(stages: int):
             os.environ[STAGES_ENV] = old
 
 
-def bench_ours(weights, precision: str, batch: int, args, backend, stages: int = 0) -> dict:
+def bench_ours(weights, precision: str, batch: int, args, backend, stages: int = DEFAULT_STAGES) -> dict:
     t0 = time.perf_counter()
     with conv_stages(stages):
         ex = GpuExecutor(weights, precision, batch=batch, backend=backend)
@@ -89,7 +89,7 @@ def bench_ours(weights, precision: str, batch: int, args, backend, stages: int =
     graph = backend.capture_end(s)
     replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats)
     rep = ex.arena_report()
-    label = f"ours {precision}" + (f" conv-s{stages}" if len(args.variants) > 1 or stages else "")
+    label = f"ours {precision}" + (f" conv-s{stages}" if getattr(args, "variants", [stages]) != [DEFAULT_STAGES] else "")
     ops_t = []
     if args.per_op:
         ops_t = per_op_times(ex, backend)
@@ -184,9 +184,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     ap.add_argument("--per-op", type=int, default=0, metavar="N",
                     help="also time every kernel alone and print the N slowest (default: off)")
-    ap.add_argument("--variants", type=int, nargs="+", default=[0], metavar="STAGES",
-                    help="GEMM conv kernels to time side by side: 0 = default, n = cp.async with n stages "
-                         "(default: 0 only)")
+    ap.add_argument("--variants", type=int, nargs="+", default=[DEFAULT_STAGES], metavar="STAGES",
+                    help="GEMM conv kernels to time side by side: 0 = register-staged conv_gemm, n = cp.async "
+                         f"with n stages (default: {DEFAULT_STAGES} only, the runtime's default)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")

@@ -33,7 +33,7 @@ MIN_TC_ARCH = 80   # mma.sync.m16n8k16 with bf16 and the cvt.*.bf16 conversions 
 @dataclass(frozen=True)
 class ConvKey:
     """One instantiation of conv_gemm (kernels/conv.cu), or with stages > 0 of conv_gemm_pipe
-    (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; opt-in, see ops.stages_from_env)."""
+    (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; the default for 16-bit convs, see ops.stages_from_env)."""
     dtype: str      # "fp32" | "fp16" | "bf16"
     bm: int
     bn: int

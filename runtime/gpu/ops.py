@@ -4,8 +4,10 @@ weights in the layout the kernel reads, and compute grid/block/shared memory and
 
 Nothing here touches the GPU: an `OpSpec` is built from the plan and the parameters alone, and its
 `make_args(resolver)` turns device addresses (known once the arena and weights are allocated) into
-the launch arguments. Kernels: kernels/conv.cu (GEMM conv + gate), dwconv.cu, io.cu, and the opt-in
-cp.async variant of the GEMM conv, conv_pipe.cu ($JETSON_UNET_CONV_STAGES, see stages_from_env).
+the launch arguments. Kernels: kernels/conv.cu (GEMM conv + gate), dwconv.cu, io.cu, and the
+cp.async variant of the GEMM conv, conv_pipe.cu (the default for 16-bit vectorized convs since it
+measured 11-15% faster per U-Net call on an H100; $JETSON_UNET_CONV_STAGES=0 restores conv_gemm
+everywhere, see stages_from_env).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ SMEM_LIMIT = 48 * 1024                               # static + dynamic without 
 DW_TILE, DW_CC, DW_THREADS = 8, 32, 256              # dwconv.cu
 INIT_TILE, FINAL_THREADS = 8, 128                    # io.cu
 GATE_MAX_N = 256
-STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # opt-in: cp.async ring depth of the GEMM conv
+STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # cp.async ring depth of the GEMM conv (0: off)
+DEFAULT_STAGES = 3                                   # docs/perf-notes.md: s3 = s4 > s6 > s0 on an H100
 MAX_STAGES = 6
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
 PIPE_SCRATCH = 2 * 1024                              # its other static smem (reductions, gate), at most
@@ -163,17 +166,21 @@ def choose_splits(nk: int, ctas: int, sms: int) -> int:
 
 
 def stages_from_env(environ: Optional[Mapping[str, str]] = None) -> int:
-    """$JETSON_UNET_CONV_STAGES: unset, empty or 0 -> 0 (the default kernels); 2..6 -> the cp.async
-    conv (kernels/conv_pipe.cu) with that many stages wherever pipe_tile allows it."""
+    """$JETSON_UNET_CONV_STAGES: unset or empty -> DEFAULT_STAGES; 0 -> conv_gemm everywhere (the
+    register-staged kernel); 2..6 -> the cp.async conv (kernels/conv_pipe.cu) with that many stages
+    wherever pipe_tile allows it (fp32 and scalar-load convs always run conv_gemm)."""
     raw = (os.environ if environ is None else environ).get(STAGES_ENV, "").strip()
-    if raw in ("", "0"):
+    if raw == "":
+        return DEFAULT_STAGES
+    if raw == "0":
         return 0
     try:
         stages = int(raw)
     except ValueError:
         stages = -1
     if not 2 <= stages <= MAX_STAGES:
-        raise ConfigError(f"{STAGES_ENV} must be 0 (off) or a stage count 2..{MAX_STAGES}, got {raw!r}")
+        raise ConfigError(f"{STAGES_ENV} must be 0 (the register-staged conv) or a stage count 2..{MAX_STAGES}, "
+                          f"got {raw!r}")
     return stages
 
 

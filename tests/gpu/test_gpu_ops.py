@@ -84,13 +84,13 @@ def check_all_ops(ex: GpuExecutor, weights: W, seed: int) -> list:
 @pytest.mark.parametrize("case", CASES, ids=[f"{n}-b{b}" for n, _, b in CASES])
 def test_every_op_matches_reference(backend, precision, case, conv_variant):
     name, cfg, batch = case
-    if conv_variant and precision == "fp32":
-        pytest.skip("fp32 always runs conv_gemm (FFMA)")
+    if not variant_applies(conv_variant, precision):
+        pytest.skip("fp32 always runs conv_gemm (FFMA): tested under the first variant")
     weights = W(cfg, seed=batch)
     with GpuExecutor(weights, precision, batch=batch, backend=backend) as ex:
         piped = pipelined_symbols(ex)
         errors = check_all_ops(ex, weights, seed=10 + batch)
-    assert bool(piped) == bool(conv_variant) or name == "odd", piped   # default config: every conv is 16-byte
+    assert bool(piped) == expects_pipelined(conv_variant, precision) or name == "odd", piped   # default config: every conv is 16-byte
     l2_tol, max_tol = OP_TOL[precision]
     bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
     worst = max(errors, key=lambda e: e[2])

@@ -1,12 +1,13 @@
-"""The whole U-Net on the GPU against the float64 reference, and CUDA-graph replay of one call.
-With $JETSON_UNET_CONV_STAGES set, also with the cp.async conv, and that conv against the default
-one at batch 16 (the 128-row tiles that batch 1 and 3 do not pick on a large GPU)."""
+"""The whole U-Net on the GPU against the float64 reference, and CUDA-graph replay of one call, with
+the default conv kernels (and the variant $JETSON_UNET_CONV_STAGES names, see conftest.py); the
+cp.async conv against the register-staged one at batch 16 (the 128-row tiles that batch 1 and 3 do
+not pick on a large GPU)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from conftest import STAGES_ENV, pipelined_symbols, report
+from conftest import STAGES_ENV, expects_pipelined, pipelined_symbols, report, variant_applies
 from runtime import models_dir
 from runtime.config import UNetConfig
 from runtime.gpu.executor import GpuExecutor
@@ -40,14 +41,14 @@ def case():
 @pytest.mark.parametrize("batch", [1, 3])
 def test_unet_matches_float64_reference(backend, case, precision, batch, conv_variant):
     weights, x, t, want, kind = case
-    if conv_variant and precision == "fp32":
-        pytest.skip("fp32 always runs conv_gemm (FFMA)")
+    if not variant_applies(conv_variant, precision):
+        pytest.skip("fp32 always runs conv_gemm (FFMA): tested under the first variant")
     with GpuExecutor(weights, precision, batch=batch, backend=backend) as ex:
         piped = pipelined_symbols(ex)
         got = ex.eps(x[:batch], t[:batch])
         again = ex.eps(x[:batch], t[:batch])
         rep = ex.arena_report()
-    assert bool(piped) == bool(conv_variant), piped
+    assert bool(piped) == expects_pipelined(conv_variant, precision), piped
     assert got.shape == want[:batch].shape and got.dtype == np.float32
     assert np.isfinite(got).all()
     err = float(np.linalg.norm(got - want[:batch]) / np.linalg.norm(want[:batch]))
@@ -76,11 +77,11 @@ def test_graph_replay_equals_direct_run(backend, case, precision, conv_variant):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_pipelined_conv_matches_default_at_batch_16(backend, case, precision, conv_variant, monkeypatch):
+def test_pipelined_conv_matches_conv_gemm_at_batch_16(backend, case, precision, conv_variant, monkeypatch):
     """Batch 16 picks the large tiles (128x64, 64x128) that the reference cases above may not reach;
-    the float64 reference is too slow there, so the cp.async conv is held to the default one."""
+    the float64 reference is too slow there, so the cp.async conv is held to conv_gemm."""
     if not conv_variant:
-        pytest.skip(f"set {STAGES_ENV} to compare its cp.async conv with the default one")
+        pytest.skip("conv-s0 is conv_gemm itself")
     weights = case[0]
     cfg = weights.config
     rng = np.random.default_rng(16)
@@ -90,7 +91,7 @@ def test_pipelined_conv_matches_default_at_batch_16(backend, case, precision, co
         piped = pipelined_symbols(ex)
         got = ex.eps(x, t)
         again = ex.eps(x, t)
-    monkeypatch.delenv(STAGES_ENV)
+    monkeypatch.setenv(STAGES_ENV, "0")
     with GpuExecutor(weights, precision, batch=16, backend=backend) as ex:
         want = ex.eps(x, t)
     assert piped and np.isfinite(got).all()
