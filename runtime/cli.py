@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SM counts the tiles are chosen for (--prepare: per arch, 87 -> 4 8, 72 -> 6 8; "
                         "--plan-only: one, default 8)")
     g.add_argument("--compiler", choices=COMPILERS, default="auto",
-                   help="--prepare: auto = NVRTC through CuPy when importable, else nvcc")
+                   help="--prepare: auto = NVRTC through CuPy when importable (for an arch it cannot target, "
+                        "e.g. 72 on CUDA 13, the pip package nvidia-cuda-nvrtc-cu11/-cu12 when installed), else "
+                        "that pip NVRTC, else nvcc")
+    g.add_argument("--nvrtc", metavar="PATH", default=None,
+                   help="--prepare: compile every arch with this libnvrtc.so (or a folder holding one), e.g. a "
+                        "CUDA 11/12 NVRTC for sm_72 ($JETSON_UNET_NVRTC=PATH does the same)")
     g.add_argument("--budget", nargs="+", default=None,
                    help="--plan-only: 4GB, 8GB (Orin Nano; ~2.5 / ~5 GB usable assumed) or a byte count "
                         "(default 4GB 8GB)")
@@ -131,6 +136,8 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
             raise UsageError(f"--batch must be >= 1, got {b}")
     if args.prepare and args.plan_only:
         raise UsageError("--prepare and --plan-only are separate steps: run one at a time")
+    if args.nvrtc is not None and not args.prepare:
+        raise UsageError("--nvrtc goes with --prepare")
     with _cache_env(args.cache):
         if args.prepare:
             return prepare_main(args)
@@ -200,7 +207,7 @@ def prepare_main(args: argparse.Namespace) -> int:
             print("note: no GPU here: preparing for sm_87 (Jetson Orin); --arch names other targets",
                   file=sys.stderr)
     targets = aot.parse_targets(archs, args.sms)
-    compiler = aot.pick_compiler(args.compiler)
+    compiler = aot.pick_compiler(args.compiler, library=args.nvrtc)
     failures = aot.prepare(weights, targets, precisions, batches, compiler, CubinCache(), print)
     if failures:
         print(f"{PROG}: error: {failures} kernel module(s) not built (see above)", file=sys.stderr)

@@ -154,7 +154,7 @@ def test_usage_errors_exit_2(tiny_path, capsys, args, needle):
 def test_prepare_cli_then_up_to_date(tiny_path, tmp_path, capsys, monkeypatch):
     from cubin_fakes import fake_compiler
     log = []
-    monkeypatch.setattr(aot, "pick_compiler", lambda which: fake_compiler(log))
+    monkeypatch.setattr(aot, "pick_compiler", lambda which, **kw: fake_compiler(log))
     args = ["--prepare", "--weights", tiny_path, "--arch", "87", "--precision", "fp16", "--cache", str(tmp_path)]
     assert cli.main(args) == 0 and len(log) == 1
     out = capsys.readouterr().out

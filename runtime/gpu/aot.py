@@ -8,18 +8,25 @@ depends on the GPU's SM count, so a target is an arch and the SM counts of the b
 Jetson-sized GPUs; on a large GPU a batch above 64 can add a tile, so every batch asked for (and
 the half-batches of cpu mode) is covered, duplicates dropped.
 
-Compilers: NVRTC through CuPy's binding when CuPy is importable (the toolchain the runtime itself
-compiles with), else nvcc. Both emit a cubin for sm_XX; the runtime loads either (cubins.py).
+Compilers (pick_compiler): a libnvrtc.so named by --nvrtc or $JETSON_UNET_NVRTC, for every arch; else
+NVRTC through CuPy's binding when CuPy is importable (the toolchain the runtime itself compiles
+with), and for an arch it cannot target (CUDA 13 and sm_72) the pip NVRTC (nvidia-cuda-nvrtc-cu11 /
+-cu12) when importable; without CuPy that pip NVRTC, else nvcc. All emit a cubin for sm_XX; the
+runtime loads any of them (cubins.py).
 """
 from __future__ import annotations
 
+import functools
+import os
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import KernelCompileError, UsageError
 from ..plan import CAT, build_plan
-from .compilers import ArchUnsupported, nvcc_cubin, nvcc_toolchain, nvrtc_cubin, nvrtc_module, nvrtc_toolchain
+from . import nvrtc_lib
+from .compilers import (ArchUnsupported, nvcc_cubin, nvcc_toolchain, nvrtc_archs, nvrtc_cubin, nvrtc_label,
+                        nvrtc_module, nvrtc_toolchain)
 from .cubins import CubinCache
 from .kernels import MIN_TC_ARCH, module_source, nvrtc_options
 from .ops import Ctx, all_tile_keys, op_spec
@@ -44,6 +51,23 @@ class Compiler:
     kind: str                                                   # "nvrtc" | "nvcc"
     toolchain: str                                              # part of the cache key
     build: Callable[[str, str, Tuple[str, ...], int], bytes]    # (source, name, options, arch) -> cubin
+    archs: Optional[Tuple[int, ...]] = None                     # what it can target; None: cannot tell
+    label: str = ""                                             # for messages: toolchain and where from
+    fallback: Optional[Callable[[], Optional["Compiler"]]] = None   # for an arch outside `archs`
+
+    @property
+    def name(self) -> str:
+        return self.label or self.toolchain
+
+    def targets(self, arch: int) -> bool:
+        return self.archs is None or int(arch) in self.archs
+
+    def for_arch(self, arch: int) -> "Compiler":
+        """This compiler, or its fallback where only the fallback can target `arch`."""
+        if self.targets(arch) or self.fallback is None:
+            return self
+        other = self.fallback()
+        return other if other is not None and other.archs is not None and other.targets(arch) else self
 
 
 def module_keys(weights: Any, precision: str, batch: int, sms: int) -> List[Any]:
@@ -96,34 +120,65 @@ def native_gpu() -> Tuple[int, int, str]:
                      "e.g. --arch 87")
 
 
-def pick_compiler(which: str = "auto", nvrtc: Any = None, nvcc: Optional[str] = None) -> Compiler:
-    """NVRTC (CuPy's binding) for auto/nvrtc when it works, else nvcc (PATH, $CUDA_HOME, /usr/local/cuda)."""
+def pick_compiler(which: str = "auto", nvrtc: Any = None, nvcc: Optional[str] = None, library: Optional[str] = None,
+                  environ: Mapping[str, str] = os.environ) -> Compiler:
+    """--nvrtc / $JETSON_UNET_NVRTC for every arch; else NVRTC (CuPy's, falling back per arch to the
+    pip package's; without CuPy the pip package's) for auto/nvrtc; else nvcc (PATH, $CUDA_HOME,
+    /usr/local/cuda)."""
     if which not in COMPILERS:
         raise UsageError(f"--compiler must be one of {', '.join(COMPILERS)}, got {which!r}")
+    if library is not None and which == "nvcc":
+        raise UsageError("--nvrtc names an NVRTC library: drop --compiler nvcc (or --nvrtc)")
     if which in ("auto", "nvrtc"):
+        named = (nvrtc_lib.resolve(library, "--nvrtc") if library is not None else nvrtc_lib.env_library(environ))
+        if named is not None:
+            return nvrtc_compiler(nvrtc_lib.NvrtcLib(named, "--nvrtc" if library is not None else f"${nvrtc_lib.ENV}"))
         try:
             mod = nvrtc_module(nvrtc)   # CuPy's NVRTC binding: no GPU needed
-            return Compiler("nvrtc", nvrtc_toolchain(mod), lambda s, n, o, a: nvrtc_cubin(s, n, o, a, mod))
+            return replace(nvrtc_compiler(mod), label=f"{nvrtc_toolchain(mod)} (CuPy)",
+                           fallback=functools.lru_cache(maxsize=None)(pip_compiler))
         except Exception as e:   # no CuPy, or no libnvrtc behind it
+            pip = pip_compiler()
+            if pip is not None:
+                return pip
             if which == "nvrtc":
                 raise UsageError(f"NVRTC is not usable here ({type(e).__name__}: {e}); install the CuPy extra "
-                                 "(.[cuda12]) or use --compiler nvcc") from None
+                                 f"(.[cuda12]), or `{nvrtc_lib.PIP_HINT}`, or use --compiler nvcc") from None
     if nvcc is None:
         from .backend_pycuda import find_nvcc   # a pure helper; pycuda itself is not imported
         nvcc = find_nvcc()
     if nvcc is None:
-        raise UsageError("no CUDA compiler here: install CuPy with NVRTC (.[cuda12] / .[cuda11]) or put nvcc "
-                         "on PATH (JetPack: /usr/local/cuda/bin)")
+        raise UsageError(f"no CUDA compiler here: install CuPy with NVRTC (.[cuda12] / .[cuda11]), or "
+                         f"`{nvrtc_lib.PIP_HINT}`, or put nvcc on PATH (JetPack: /usr/local/cuda/bin)")
     path = nvcc
     return Compiler("nvcc", nvcc_toolchain(path), lambda s, n, o, a: nvcc_cubin(s, n, o, a, path))
+
+
+def nvrtc_compiler(mod: Any) -> Compiler:
+    """A Compiler over an NVRTC binding (CuPy's or an nvrtc_lib.NvrtcLib)."""
+    return Compiler("nvrtc", nvrtc_toolchain(mod), lambda s, n, o, a: nvrtc_cubin(s, n, o, a, mod),
+                    archs=nvrtc_archs(mod), label=nvrtc_label(mod))
+
+
+def pip_compiler() -> Optional[Compiler]:
+    """The importable pip NVRTC (nvidia-cuda-nvrtc-cu11 / -cu12), None when there is none."""
+    path = nvrtc_lib.pip_library()
+    return nvrtc_compiler(nvrtc_lib.NvrtcLib(path, f"pip package {nvrtc_lib.PIP_MODULE}:")) if path else None
 
 
 def prepare(weights: Any, targets: Sequence[Target], precisions: Sequence[str], batches: Sequence[int],
             compiler: Compiler, cache: CubinCache, out: Out, name: str = "seed-unet") -> int:
     """Build every module into the cache; one line per module. Returns the number of failures."""
-    out(f"{compiler.toolchain} -> {cache.root}")
+    out(f"{compiler.name} -> {cache.root}")
     failures = 0
     for t in targets:
+        try:
+            c = compiler.for_arch(t.arch)
+        except UsageError as e:   # a fallback NVRTC that is installed but does not load
+            out(f"sm_{t.arch}: {e}")
+            c = compiler
+        if c is not compiler:
+            out(f"sm_{t.arch}: {compiler.name} cannot target it; using {c.name}")
         precs = list(precisions)
         if t.arch < MIN_TC_ARCH and any(p != "fp32" for p in precs):
             precs = [p for p in precs if p == "fp32"]
@@ -131,10 +186,10 @@ def prepare(weights: Any, targets: Sequence[Target], precisions: Sequence[str], 
                 f"building {'fp32 only' if precs else 'nothing (no fp32 asked for)'}")
         try:
             for p in precs:
-                failures += _prepare_precision(weights, t, p, batches, compiler, cache, out, name)
+                failures += _prepare_precision(weights, t, p, batches, c, cache, out, name)
         except ArchUnsupported as e:
-            hint = ("; CUDA 13 dropped sm_72 and older: build them with a CUDA 11/12 toolchain (e.g. JetPack 5's "
-                    "nvcc on the board)" if t.arch < 75 else "")
+            hint = (f"; CUDA 13 dropped sm_72 and older: `{nvrtc_lib.PIP_HINT}` (then used for them "
+                    "automatically) or --nvrtc PATH to a CUDA 11/12 libnvrtc.so" if t.arch < 75 else "")
             out(f"sm_{t.arch}: skipped: {e.log}{hint}")
             failures += 1
     return failures

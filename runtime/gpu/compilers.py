@@ -1,4 +1,5 @@
-"""Source text -> cubin bytes, with no GPU needed: NVRTC (through CuPy's thin NVRTC binding) or nvcc.
+"""Source text -> cubin bytes, with no GPU needed: NVRTC (through CuPy's thin NVRTC binding, or any
+libnvrtc.so through nvrtc_lib.NvrtcLib, which has the same calls) or nvcc.
 
 NVRTC is driven directly (`cupy.cuda.nvrtc`: createProgram / compileProgram / getCUBIN), not through
 `cupy.cuda.compiler.compile_using_nvrtc`: the latter asks the current device for its arch even when
@@ -38,6 +39,13 @@ def nvrtc_toolchain(nvrtc: Any = None) -> str:
     return f"nvrtc {major}.{minor}"
 
 
+def nvrtc_label(nvrtc: Any = None) -> str:
+    """`nvrtc 12.9 (/path/libnvrtc.so.12)` for a library binding (nvrtc_lib), `nvrtc 13.0` for CuPy's."""
+    mod = nvrtc_module(nvrtc)
+    library = getattr(mod, "library", None)
+    return f"{nvrtc_toolchain(mod)} ({library})" if library else nvrtc_toolchain(mod)
+
+
 def nvrtc_archs(nvrtc: Any = None) -> Optional[Tuple[int, ...]]:
     """The SM numbers this NVRTC can build cubins for (None when it cannot say: NVRTC < 11.2)."""
     try:
@@ -52,7 +60,7 @@ def nvrtc_cubin(source: str, source_name: str, options: Sequence[str], arch: int
     archs = nvrtc_archs(mod)
     if archs is not None and int(arch) not in archs:
         raise ArchUnsupported(source_name, tuple(options),
-                              f"{nvrtc_toolchain(mod)} cannot target sm_{arch} (it builds {_span(archs)})")
+                              f"{nvrtc_label(mod)} cannot target sm_{arch} (it builds {_span(archs)})")
     opts = [o for o in options if not o.startswith(("-arch=", "--gpu-architecture="))]
     opts.append(f"--gpu-architecture=sm_{int(arch)}")
     prog = mod.createProgram(source, source_name, (), ())
@@ -65,7 +73,8 @@ def nvrtc_cubin(source: str, source_name: str, options: Sequence[str], arch: int
                 log = mod.getProgramLog(prog)
             except Exception:
                 pass
-            raise KernelCompileError(source_name, tuple(opts), log or str(e)) from None
+            where = f"\n[{nvrtc_label(mod)}]" if getattr(mod, "library", None) else ""
+            raise KernelCompileError(source_name, tuple(opts), (log or str(e)) + where) from None
         return bytes(mod.getCUBIN(prog))
     finally:
         mod.destroyProgram(prog)

@@ -80,9 +80,9 @@ def cache_key(source_sha: str, options: Sequence[str], arch: int, toolchain: str
 # ---- ELF: the cubin's own arch ----------------------------------------------------------------------
 def elf_arch(data: bytes) -> Optional[int]:
     """The SM number a CUDA ELF targets (87 for sm_87), None when `data` is not a CUDA ELF.
-    e_flags hold it in bits 0-7 under ABI version 7 (CUDA < 12.8 for most targets) and in bits 8-15
-    under ABI version 8 (what CUDA 12.8+ and 13 write for every target): LLVM's BinaryFormat/ELF.h,
-    EF_CUDA_SM / EF_CUDA_SM_MASK, EF_CUDA_SM_OFFSET."""
+    e_flags hold it in bits 0-7 under ABI version 7 (CUDA 11 and 12: NVRTC 11.8 and 12.9 write it for
+    sm_72 and sm_87, e.g. 0x480548) and in bits 8-15 under ABI version 8 (CUDA 13: 0x6005704 for
+    sm_87; docs/jetson.md): LLVM's BinaryFormat/ELF.h, EF_CUDA_SM / EF_CUDA_SM_MASK, EF_CUDA_SM_OFFSET."""
     if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2 or data[5] != 1:   # 64-bit little-endian
         return None
     machine, = struct.unpack_from("<H", data, 18)
