@@ -47,20 +47,68 @@ extern __shared__ __align__(16) float dyn_smem[];
 // GroupNorm(1) of the input as a per-channel scale/shift in dynamic smem (8*Cin bytes): merge the
 // producer's partials of sample b, then scale = gn_w * rstd, shift = gn_b - mean * scale.
 // `mean_rstd` (2 floats) and `dred` (96 doubles) are the kernel's static smem scratch.
-template <int NT>
+// The affine weights of the first PF * NT channels (4: 512 channels at 128 threads) are loaded
+// before the merge, so their latency overlaps the partials' instead of following it (one exposed
+// global latency less).
+template <int NT, int PF>
 __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P, float gn_eps, const float *gn_w,
                                                  const float *gn_b, int Cin, int b, float *mean_rstd, double *dred) {
     float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
+    float pw[PF], pb[PF];
+#pragma unroll
+    for (int r = 0; r < PF; ++r) {
+        const int c = threadIdx.x + r * NT;
+        pw[r] = c < Cin ? gn_w[c] : 0.0f;
+        pb[r] = c < Cin ? gn_b[c] : 0.0f;
+    }
     gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);
     __syncthreads();
     const float mean = mean_rstd[0], rstd = mean_rstd[1];
-    for (int c = threadIdx.x; c < Cin; c += NT) {
+#pragma unroll
+    for (int r = 0; r < PF; ++r) {
+        const int c = threadIdx.x + r * NT;
+        if (c < Cin) {
+            const float s = pw[r] * rstd;
+            gn_scale[c] = s;
+            gn_shift[c] = pb[r] - mean * s;
+        }
+    }
+    for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) {   // wider than PF * NT
         const float s = gn_w[c] * rstd;
         gn_scale[c] = s;
         gn_shift[c] = gn_b[c] - mean * s;
     }
     __syncthreads();
 }
+
+// Bias and time bias (gates: bias and psi) of the CTA's BN output columns, loaded into registers at
+// the start (t_idx -> table row -> value is two dependent latencies) and published to smem (`ep`,
+// 2 * BN floats) by conv_finish: the epilogue then waits on no global load but the residual's.
+// ON for the tensor-core kernels up to BN 128; off (loads in the epilogue) for the 256-wide gate,
+// whose tiles fill the smem budget, and for FFMA, where ptxas then spilled.
+template <int BN, int NT, bool GATE, bool ENABLE> struct EpiloguePrefetch {
+    static constexpr bool ON = ENABLE && BN <= 128;
+    static constexpr int R = ON ? (BN + NT - 1) / NT : 0;
+    float bias[R > 0 ? R : 1], second[R > 0 ? R : 1];
+    __device__ __forceinline__ void load(const float *bias_, const float *tbias, int tb_stride, const int *t_idx,
+                                         const float *psi_w, int b, int n0, int N) {
+        const int row = (!GATE && tbias) ? t_idx[b] * tb_stride : 0;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int c = threadIdx.x + r * NT, n = n0 + c;
+            bias[r] = c < BN ? bias_[n] : 0.0f;                    // bias and psi are padded to Npad
+            if constexpr (GATE) second[r] = c < BN ? psi_w[n] : 0.0f;
+            else second[r] = (tbias && c < BN && n < N) ? tbias[row + n] : 0.0f;
+        }
+    }
+    __device__ __forceinline__ void publish(float *ep) const {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int c = threadIdx.x + r * NT;
+            if (c < BN) { ep[c] = bias[r]; ep[BN + c] = second[r]; }
+        }
+    }
+};
 
 // The normalization of one A vector (channels c..c+VEC-1): one expression for both kernels, so they
 // round identically.
@@ -111,10 +159,11 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], const typenam
 
 // After the k loop: the split-K merge, then the epilogue (conv or gate) and the statistics.
 // acc is [MF][NF][4] (tensor cores) or [TM][TN][1] (FFMA); m-tile mt of mtiles, K split sk; `red`
-// (33 floats) is the kernel's static smem scratch for the statistics.
-template <class D, int BM, int BN, int WM, int WN, int VEC, bool GATE, int A0, int A1, int A2>
+// (33 floats) is the kernel's static smem scratch for the statistics; `pre` the prefetched bias
+// and time bias.
+template <class D, int BM, int BN, int WM, int WN, int VEC, bool GATE, int A0, int A1, int A2, bool EP>
 __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles, int mt, int sk, float *red,
-                                            CONV_PARAMS) {
+                                            const EpiloguePrefetch<BN, 32 * WM * WN, GATE, EP> &pre, CONV_PARAMS) {
     typedef typename D::S S;
     constexpr bool TC = D::TC;
     constexpr int NT = 32 * WM * WN;
@@ -160,6 +209,19 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         if (tid == 0) counters[tile] = 0;
     }
 
+    // bias, then time bias (conv) or psi (gate) of the tile's columns: from smem where the prefetch
+    // ran, else from global memory
+    constexpr bool ON = EpiloguePrefetch<BN, NT, GATE, EP>::ON;
+    __shared__ float ep[ON ? 2 * BN : 1];
+    const float *ebias = ep, *esecond = ep + BN;
+    if constexpr (ON) {
+        pre.publish(ep);
+        __syncthreads();
+    } else {
+        ebias = bias + n0;
+        esecond = psi_w + n0;
+    }
+
     // ---- epilogue: each thread owns NPAIR pairs of adjacent columns; pair p -> (row slot ri, tile
     // row r, tile col c) and a pointer to its two accumulators (constant indices once unrolled).
     constexpr int NPAIR = TC ? MF * NF * 2 : TM * (TN / 2);
@@ -190,8 +252,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         for (int p = 0; p < NPAIR; ++p) {   // padded columns have psi 0
             int ri, r, c;
             const float *v = pair_at(p, ri, r, c);
-            const int n = n0 + c;
-            rsum[ri] += fmaxf(v[0] + bias[n], 0.0f) * psi_w[n] + fmaxf(v[1] + bias[n + 1], 0.0f) * psi_w[n + 1];
+            rsum[ri] += fmaxf(v[0] + ebias[c], 0.0f) * esecond[c] + fmaxf(v[1] + ebias[c + 1], 0.0f) * esecond[c + 1];
         }
 #pragma unroll
         for (int i = 0; i < (TC ? MF * 2 : TM); ++i) {
@@ -223,7 +284,6 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         }
         return;
     } else {
-        const int tb_row = tbias ? t_idx[b] * tb_stride : 0;
         float lsum = 0.0f;
 #pragma unroll
         for (int p = 0; p < NPAIR; ++p) {
@@ -232,9 +292,13 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             float v0 = v[0], v1 = v[1];
             const int m = m0 + r, n = n0 + c;
             const bool ok0 = m < M && n < N, ok1 = m < M && n + 1 < N;
-            v0 += bias[n];
-            v1 += bias[n + 1];                                   // bias is padded to Npad
-            if (tbias) {
+            v0 += ebias[c];                                      // bias is padded to Npad
+            v1 += ebias[c + 1];
+            if constexpr (ON) {
+                v0 += esecond[c];                                // time bias: 0 past N and without one
+                v1 += esecond[c + 1];
+            } else if (tbias) {
+                const int tb_row = t_idx[b] * tb_stride;
                 if (ok0) v0 += tbias[tb_row + n];
                 if (ok1) v1 += tbias[tb_row + n + 1];
             }
@@ -304,8 +368,11 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     const bool norm = gn_part != nullptr;
     const float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
 
+    EpiloguePrefetch<BN, NT, GATE, TC> pre;
+    pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
+
     // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
-    if (norm) conv_gn_prologue<NT>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+    if (norm) conv_gn_prologue<NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
 
     // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
     constexpr int KV = BK / VEC, RPP = NT / KV, AP = (BM + RPP - 1) / RPP;
@@ -453,7 +520,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
         __syncthreads();   // one barrier: the other buffer was last read before the previous one
     }
 
-    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation (cache-friendly on every CuPy version); the host

@@ -164,8 +164,10 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
         cp_async_commit();
     }
-    // the GroupNorm merge overlaps the first copies (they do not depend on it)
-    if (norm) conv_gn_prologue<NT>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+    // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
+    EpiloguePrefetch<BN, NT, GATE, true> pre;
+    pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
+    if (norm) conv_gn_prologue<NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
 
     int st = 0;
     for (int i = 0; i < ntiles; ++i) {
@@ -187,7 +189,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
 
-    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES>.

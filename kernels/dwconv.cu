@@ -5,8 +5,14 @@
 //   norm1 (one StatPartial per CTA: count, sum, M2 about the tile mean).
 // The input may be a view of a concat buffer (pixel stride ldx > C); the output has stride ldo.
 // Launch: grid (ceil(H/8)*ceil(W/8), ceil(C/32), B), block 256 (fixed) = 32 channels x 8 rows; each thread
-//   produces 8 outputs of one row from a (8+K-1)^2 x 32 fp32 halo tile in shared memory (lanes run
-//   over channels: coalesced loads, conflict-free smem reads). Weights fp32 [K*K][C].
+//   produces 8 outputs of one row from a (8+K-1)^2 x 32 halo tile in shared memory, kept in the
+//   activation dtype (lanes run over channels: coalesced loads, conflict-free smem reads). Weights
+//   fp32 [K*K][C], staged in smem too (in registers they took 49 per thread and capped occupancy
+//   at 2 CTAs per SM, which made the batch-16 launches ~8 waves of latency chains).
+// Loads: every thread issues all its loads (weights, VEC-wide halo vectors, bias, time bias) before
+//   its first smem store, so the whole prologue costs about one memory latency plus t_idx -> time
+//   bias; VEC (8 for 16-bit, 4 for fp32, 1 for odd channel counts or views) is chosen on the host
+//   (C, the pixel strides and the view offsets divisible by VEC).
 // Reference: runtime.reference.conv2d(groups=C) + the block's time bias.
 #include "common.cuh"
 
@@ -15,11 +21,14 @@
     const float *tbias, int tb_stride, const int *t_idx, void *out_, int ldo, float4 *st_part
 #define DW_ARGS x_, H, W, C, ldx, w, bias, tbias, tb_stride, t_idx, out_, ldo, st_part
 
-template <class D, int K>
+template <class D, int K, int VEC>
 __device__ __forceinline__ void dwconv(DW_PARAMS) {
     typedef typename D::S S;
-    constexpr int TH = 8, TW = 8, CC = 32, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
-    __shared__ float tile[HH * HW * CC];
+    constexpr int TH = 8, TW = 8, CC = 32, HW = TW + K - 1, HH = TH + K - 1, P = K / 2, NT = 256;
+    constexpr int NTILE = HH * HW * CC, CV = CC / VEC, NVEC = NTILE / VEC, WN = K * K * CC;
+    static_assert(CC % VEC == 0, "channel vectors");
+    __shared__ __align__(16) S tile[NTILE];
+    __shared__ float wsm[WN];
     __shared__ float red[33];
     const S *x = (const S *)x_;
     S *out = (S *)out_;
@@ -27,27 +36,39 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
     const int y0 = (blockIdx.x / tiles_x) * TH, x0 = (blockIdx.x % tiles_x) * TW;
     const int c0 = blockIdx.y * CC, b = blockIdx.z;
     const int cl = threadIdx.x % CC, row = threadIdx.x / CC, c = c0 + cl;
+    const int tb_row = tbias ? t_idx[b] * tb_stride : 0;
 
-    // This CTA's 49 weights first (independent loads, one latency), then the halo tile in chunks
-    // of 8 loads issued before their 8 stores: a load->store loop would pay one memory latency per
-    // element (25 per thread), which dominated the kernel at batch 1.
-    float wreg[K * K];
+    // ---- every load first (chunks of LC vectors for the scalar path's 25 per thread) -----------
+    constexpr int WPT = (WN + NT - 1) / NT;
+    float wv[WPT];
 #pragma unroll
-    for (int t = 0; t < K * K; ++t) wreg[t] = c < C ? w[t * C + c] : 0.0f;
-    constexpr int NTILE = HH * HW * CC, CH = 8;
-    for (int i0 = threadIdx.x; i0 < NTILE; i0 += CH * 256) {
-        float v[CH];
+    for (int u = 0; u < WPT; ++u) {
+        const int i = threadIdx.x + u * NT, t = i / CC, cc = i % CC;
+        wv[u] = (i < WN && c0 + cc < C) ? w[t * C + c0 + cc] : 0.0f;
+    }
+    const float bv = c < C ? bias[c] : 0.0f, tv = (tbias && c < C) ? tbias[tb_row + c] : 0.0f;
+    constexpr int VPT = (NVEC + NT - 1) / NT, LC = VPT < 8 ? VPT : 8;
+    for (int u0 = 0; u0 < VPT; u0 += LC) {
+        Vec<S, VEC> v[LC];
 #pragma unroll
-        for (int u = 0; u < CH; ++u) {
-            const int i = i0 + u * 256;
-            const int cc = i % CC, p = i / CC, py = p / HW, px = p - (p / HW) * HW;
+        for (int u = 0; u < LC; ++u) {
+            const int i = threadIdx.x + (u0 + u) * NT;
+            const int cc = (i % CV) * VEC, p = i / CV, py = p / HW, px = p - (p / HW) * HW;
             const int gy = y0 + py - P, gx = x0 + px - P;
-            v[u] = (i < NTILE && gy >= 0 && gy < H && gx >= 0 && gx < W && c0 + cc < C)
-                       ? D::to_f(x[((size_t)(b * H + gy) * W + gx) * ldx + c0 + cc]) : 0.0f;
+            v[u] = (i < NVEC && gy >= 0 && gy < H && gx >= 0 && gx < W && c0 + cc < C)
+                       ? vload<S, VEC>(x + ((size_t)(b * H + gy) * W + gx) * ldx + c0 + cc) : vzero<S, VEC>();
         }
 #pragma unroll
-        for (int u = 0; u < CH; ++u)
-            if (i0 + u * 256 < NTILE) tile[i0 + u * 256] = v[u];
+        for (int u = 0; u < LC; ++u) {
+            const int i = threadIdx.x + (u0 + u) * NT;
+            if (i < NVEC) vstore<S, VEC>(&tile[i * VEC], v[u]);
+        }
+    }
+    const float add = bv + tv;
+#pragma unroll
+    for (int u = 0; u < WPT; ++u) {
+        const int i = threadIdx.x + u * NT;
+        if (i < WN) wsm[i] = wv[u];
     }
     __syncthreads();
 
@@ -59,16 +80,15 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
         for (int ky = 0; ky < K; ++ky) {
             float r[HW];
 #pragma unroll
-            for (int j = 0; j < HW; ++j) r[j] = tile[((row + ky) * HW + j) * CC + cl];
+            for (int j = 0; j < HW; ++j) r[j] = D::to_f(tile[((row + ky) * HW + j) * CC + cl]);
 #pragma unroll
             for (int kx = 0; kx < K; ++kx) {
-                const float wv = wreg[ky * K + kx];
+                const float wk = wsm[(ky * K + kx) * CC + cl];
 #pragma unroll
-                for (int j = 0; j < TW; ++j) acc[j] = fmaf(r[j + kx], wv, acc[j]);
+                for (int j = 0; j < TW; ++j) acc[j] = fmaf(r[j + kx], wk, acc[j]);
             }
         }
     }
-    const float add = c < C ? bias[c] + (tbias ? tbias[t_idx[b] * tb_stride + c] : 0.0f) : 0.0f;
     const int oy = y0 + row;
     float lsum = 0.0f;
 #pragma unroll
@@ -94,5 +114,5 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
     }
 }
 
-#define DW_INSTANCE(name, D, K)                                                              \
-    extern "C" __global__ void __launch_bounds__(256) name(DW_PARAMS) { dwconv<D, K>(DW_ARGS); }
+#define DW_INSTANCE(name, D, K, VEC)                                                         \
+    extern "C" __global__ void __launch_bounds__(256) name(DW_PARAMS) { dwconv<D, K, VEC>(DW_ARGS); }

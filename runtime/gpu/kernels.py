@@ -66,21 +66,22 @@ class ConvKey:
 
 @dataclass(frozen=True)
 class SimpleKey:
-    """dwconv / init_conv / final_conv instantiations: (kind, dtype, k)."""
+    """dwconv / init_conv / final_conv instantiations: (kind, dtype, k, vec)."""
     kind: str       # "dwconv" | "init" | "final"
     dtype: str
     k: int = 0
+    vec: int = 1    # dwconv: elements per halo load
 
     @property
     def symbol(self) -> str:
         dt = DTYPES[self.dtype][1]
-        return {"dwconv": f"dwconv{self.k}_{dt}", "init": f"init_conv{self.k}_{dt}",
+        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.vec}", "init": f"init_conv{self.k}_{dt}",
                 "final": f"final_conv_{dt}"}[self.kind]
 
     def instance(self) -> str:
         d = DTYPES[self.dtype][0]
         if self.kind == "dwconv":
-            return f"DW_INSTANCE({self.symbol}, {d}, {self.k})"
+            return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.vec})"
         if self.kind == "init":
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k})"
         return f"FINAL_INSTANCE({self.symbol}, {d})"

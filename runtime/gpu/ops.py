@@ -32,7 +32,7 @@ STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # cp.async ring depth of the
 DEFAULT_STAGES = 3                                   # docs/perf-notes.md: s3 = s4 > s6 > s0 on an H100
 MAX_STAGES = 6
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
-PIPE_SCRATCH = 2 * 1024                              # its other static smem (reductions, gate), at most
+PIPE_SCRATCH = 3 * 1024                              # its other static smem (reductions, gate, epilogue operands)
 
 
 def P(v: int) -> np.uint64:
@@ -390,7 +390,7 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
     c, size, k = xt.channels, xt.size, op.k
     w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).reshape(c, k * k)
     blobs = {"w": np.ascontiguousarray(w.T), "bias": padded(ctx.params[op.prefix + ".bias"], c)}
-    key = SimpleKey("dwconv", ctx.precision, k)
+    key = SimpleKey("dwconv", ctx.precision, k, vec_for(ctx.precision, ctx, (op.x, op.out), (c,)))
     grid = (cdiv(size, DW_TILE) ** 2, cdiv(c, DW_CC), ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:

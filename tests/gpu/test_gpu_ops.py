@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import pipelined_symbols, report
+from conftest import expects_pipelined, pipelined_symbols, report, variant_applies
 from runtime.config import UNetConfig
 from runtime.gpu.executor import GpuExecutor
 from runtime.gpu.ops import from_device, to_device
