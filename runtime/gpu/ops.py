@@ -416,7 +416,7 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     if smem > SMEM_LIMIT:
         raise ConfigError(f"{op.out}: init_conv needs {smem} B of shared memory (> {SMEM_LIMIT})")
     blobs = {"w": wp.reshape(-1), "bias": padded(ctx.params[op.prefix + ".bias"], coutp)}
-    key = SimpleKey("init", ctx.precision, k)
+    key = SimpleKey("init", ctx.precision, k, cin)
     grid = (cdiv(size, INIT_TILE) ** 2, 1, ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
