@@ -2,7 +2,10 @@
 //
 // p_sample_f32: x = c_x * x + c_eps * eps + sigma * z, the affine step (S) of runtime/schedule.py,
 //   for the step held in *counter: coef[3*s .. 3*s+2] = (c_x, c_eps, sigma); z = noise row
-//   noise_row[s] (-1: no noise for that step). x, eps and noise are fp32 NHWC, n elements each.
+//   noise_row[s] (-1: no noise for that step). x and eps are fp32 NHWC, n elements each; each noise
+//   row is fp32 NCHW (C channels, hw pixels), exactly as the host's generator fills it, so the host
+//   draws straight into pinned memory with no transpose pass (at batch 16 the transpose made the
+//   noise thread, not the GPU, the bottleneck).
 //   Launch: grid ceil(n / 256) (capped), block 256, grid-stride loop. Reference: schedule.p_sample.
 // advance_step: after p_sample, moves *counter to the next step and points the U-Net's per-sample
 //   timestep array at it (t_idx[b] = t_of_step[s + 1]). One block of 32 threads; a separate launch
@@ -14,7 +17,7 @@
 extern "C" __global__ void p_sample_f32(float *__restrict__ x, const float *__restrict__ eps,
                                         const float *__restrict__ noise, const float *__restrict__ coef,
                                         const int *__restrict__ noise_row, const int *__restrict__ counter,
-                                        long long n) {
+                                        long long n, int C, long long hw) {
     const int s = *counter;
     const float cx = coef[3 * s], ce = coef[3 * s + 1], sg = coef[3 * s + 2];
     const int row = noise_row[s];
@@ -22,7 +25,10 @@ extern "C" __global__ void p_sample_f32(float *__restrict__ x, const float *__re
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         float v = fmaf(cx, x[i], ce * eps[i]);
-        if (z) v = fmaf(sg, z[i], v);
+        if (z) {   // NHWC element i = (q = b*hw + pixel, c) reads the NCHW noise at (b*C + c)*hw + pixel
+            const long long q = i / C, b = q / hw;
+            v = fmaf(sg, z[(b * C + (i - q * C)) * hw + (q - b * hw)], v);
+        }
         x[i] = v;
     }
 }

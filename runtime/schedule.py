@@ -114,8 +114,9 @@ class NoiseStream:
         self.shape = tuple(shape)
         self.rng = np.random.Generator(np.random.PCG64(seed))
 
-    def draw(self) -> np.ndarray:
-        return self.rng.standard_normal(self.shape, dtype=np.float32)
+    def draw(self, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """The next array of the stream; `out` (float32, C-contiguous, this shape) is filled in place."""
+        return self.rng.standard_normal(self.shape, dtype=np.float32, out=out)
 
     def for_steps(self, steps: List[Step]) -> Iterator[Optional[np.ndarray]]:
         for st in steps:

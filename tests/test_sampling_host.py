@@ -70,7 +70,8 @@ def test_cancel_within_one_step(mode):
 
 
 def test_gpu_mode_uploads_noise_in_spec_order():
-    """The noise rows the gpu mode stages are the spec's draws after x_T, in step order."""
+    """The noise rows the gpu mode stages are the spec's draws after x_T, in step order, NCHW (the
+    layout p_sample_f32 reads)."""
     be = FakeBackend()
     s = GpuSampler(W(), "fp32", 2, mode="gpu", graphs=False, backend=be)
     steps = make_steps(CFG.schedule, "ddpm")
@@ -79,6 +80,6 @@ def test_gpu_mode_uploads_noise_in_spec_order():
     ref.draw()
     noisy = [st for st in steps if st.sigma > 0]
     for r in range(len(noisy)):
-        want = ref.draw().transpose(0, 2, 3, 1).reshape(-1)
+        want = ref.draw().reshape(-1)
         np.testing.assert_array_equal(s._host_noise[r], want)
     s.close()

@@ -214,7 +214,8 @@ class GpuSampler:
         grid = (min(-(-n // 256), 1024), 1, 1)
         self._p_sample.launch(grid, (256, 1, 1), (np.uint64(ex.x_ptr), np.uint64(ex.eps_ptr), np.uint64(o["noise"]),
                               np.uint64(o["coef"]), np.uint64(o["noise_row"]), np.uint64(o["counter"]),
-                              np.int64(n)), 0, stream)
+                              np.int64(n), np.int32(self.config.channels),
+                              np.int64(self.config.image_size ** 2)), 0, stream)
         self._advance.launch((1, 1, 1), (32, 1, 1), (np.uint64(o["counter"]), np.uint64(ex.t_idx_ptr),
                              np.uint64(o["t_of_step"]), np.int32(self.batch), np.int32(self.config.timesteps)),
                              0, stream)   # T, not this run's step count: the graph serves every run
@@ -285,9 +286,9 @@ class GpuSampler:
 
 
 class _NoiseProducer(threading.Thread):
-    """Draws the noisy steps' z in the spec's order into pinned rows, NOISE_CHUNK rows at a time,
-    ahead of the GPU: NumPy's generator releases the GIL while it fills an array, so drawing
-    overlaps the host's launching and the GPU's work instead of stalling the queue."""
+    """Draws the noisy steps' z in the spec's order straight into pinned rows (NCHW: no transpose or
+    copy on the host), NOISE_CHUNK rows at a time, ahead of the GPU: NumPy's generator releases the
+    GIL while it fills an array, so drawing overlaps the host's launching and the GPU's work."""
 
     def __init__(self, noise: NoiseStream, host: np.ndarray, n_rows: int) -> None:
         super().__init__(name="noise-producer", daemon=True)
@@ -300,7 +301,7 @@ class _NoiseProducer(threading.Thread):
             for r in range(self.n_rows):
                 if self._stop_flag:
                     return
-                self.host[r] = nchw_to_nhwc(self.noise.draw()).reshape(-1)
+                self.noise.draw(out=self.host[r].reshape(self.noise.shape))   # NCHW, as p_sample_f32 reads it
                 if (r + 1) % NOISE_CHUNK == 0 or r + 1 == self.n_rows:
                     with self._cond:
                         self.ready = r + 1
