@@ -133,6 +133,25 @@ template <int BK> struct SwizzledTile {
     }
 };
 
+// The A loader's thread -> (AP rows, one k vector) map, the same in conv_gemm and conv_gemm_pipe:
+// thread tid owns k vector kv (VEC channels) of rows r0 + i * RPP; oy/ox locate each row's output
+// pixel. ok is false only for the spare threads of a short tile (AP == 1); an invalid row (past M,
+// or a spare thread's) gets an oy far out of range, so it fails every bounds test of the loaders.
+template <int BM, int BK, int VEC, int NT> struct ARows {
+    static constexpr int KV = BK / VEC, RPP = NT / KV, AP = (BM + RPP - 1) / RPP;
+    static_assert(NT % KV == 0 && (BM % RPP == 0 || AP == 1) && AP <= 32, "A tile split");
+    int kv, r0, oy[AP], ox[AP];
+    bool ok;
+    __device__ __forceinline__ ARows(int tid, int m0, int M, int Wout) : kv(tid % KV), r0(tid / KV), ok(r0 < BM) {
+#pragma unroll
+        for (int i = 0; i < AP; ++i) {
+            const int m = ok ? m0 + r0 + i * RPP : M;
+            oy[i] = m < M ? m / Wout : -(1 << 20);
+            ox[i] = m < M ? m - (m / Wout) * Wout : 0;
+        }
+    }
+};
+
 // One BK-deep k-tile of a warp's WTM x WTN tile: ldmatrix fragments, mma.sync m16n8k16.
 template <class D, int MF, int NF, int BK, class LA, class LB>
 __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], const typename D::S *A, const typename D::S *B,
@@ -375,17 +394,13 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     if (norm) conv_gn_prologue<NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
 
     // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
-    constexpr int KV = BK / VEC, RPP = NT / KV, AP = (BM + RPP - 1) / RPP;
-    static_assert(NT % KV == 0 && (BM % RPP == 0 || AP == 1) && AP <= 32, "A tile split");
-    const int kv = tid % KV, r0 = tid / KV;
-    const bool a_row_ok = r0 < BM;   // false only for the spare threads of a short tile (AP == 1)
-    int oy[AP], ox[AP];
-#pragma unroll
-    for (int i = 0; i < AP; ++i) {
-        const int m = a_row_ok ? m0 + r0 + i * RPP : M;
-        oy[i] = m < M ? m / Wout : -(1 << 20);   // an invalid row fails every bounds test below
-        ox[i] = m < M ? m - (m / Wout) * Wout : 0;
-    }
+    typedef ARows<BM, BK, VEC, NT> AR;
+    constexpr int KV = AR::KV, RPP = AR::RPP, AP = AR::AP;
+    const AR ar(tid, m0, M, Wout);
+    const int kv = ar.kv, r0 = ar.r0;
+    const bool a_row_ok = ar.ok;
+    const int(&oy)[AP] = ar.oy;
+    const int(&ox)[AP] = ar.ox;
     Vec<S, VEC> areg[AP];
     u32 amask = 0;   // rows whose vector is real data (normalized at store time)
     int a_c = -1;    // channel of this thread's vectors in segment 0, -1 in segment 1

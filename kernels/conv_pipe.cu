@@ -65,17 +65,13 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     const float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
 
     // ---- A copies: the thread -> (rows, k vector) map of conv_gemm's loader ----------------------
-    constexpr int KV = BK / VEC, RPP = NT / KV, AP = (BM + RPP - 1) / RPP;
-    static_assert(NT % KV == 0 && (BM % RPP == 0 || AP == 1) && AP <= 32, "A tile split");
-    const int kv = tid % KV, r0 = tid / KV;
-    const bool a_row_ok = r0 < BM;   // false only for the spare threads of a short tile (AP == 1)
-    int oy[AP], ox[AP];
-#pragma unroll
-    for (int i = 0; i < AP; ++i) {
-        const int m = a_row_ok ? m0 + r0 + i * RPP : M;
-        oy[i] = m < M ? m / Wout : -(1 << 20);   // an invalid row fails every bounds test below
-        ox[i] = m < M ? m - (m / Wout) * Wout : 0;
-    }
+    typedef ARows<BM, BK, VEC, NT> AR;
+    constexpr int KV = AR::KV, RPP = AR::RPP, AP = AR::AP;
+    const AR ar(tid, m0, M, Wout);
+    const int kv = ar.kv, r0 = ar.r0;
+    const bool a_row_ok = ar.ok;
+    const int(&oy)[AP] = ar.oy;
+    const int(&ox)[AP] = ar.ox;
     // B copies: weights padded on upload, never out of bounds
     constexpr int BVEC = BN * BK / VEC, BP = BVEC / NT;
     static_assert(BVEC % NT == 0, "B tile split");
