@@ -304,6 +304,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         return;
     } else {
         float lsum = 0.0f;
+        const float *tb = (!ON && tbias) ? tbias + t_idx[b] * tb_stride : nullptr;   // one load, not per pair
 #pragma unroll
         for (int p = 0; p < NPAIR; ++p) {
             int ri, r, c;
@@ -316,10 +317,9 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             if constexpr (ON) {
                 v0 += esecond[c];                                // time bias: 0 past N and without one
                 v1 += esecond[c + 1];
-            } else if (tbias) {
-                const int tb_row = t_idx[b] * tb_stride;
-                if (ok0) v0 += tbias[tb_row + n];
-                if (ok1) v1 += tbias[tb_row + n + 1];
+            } else if (tb) {
+                if (ok0) v0 += tb[n];
+                if (ok1) v1 += tb[n + 1];
             }
             if (act == 1) { v0 = gelu_f(v0); v1 = gelu_f(v1); }
             const size_t pix = (size_t)b * M + m;

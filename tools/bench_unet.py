@@ -128,11 +128,14 @@ def compare_variants(rows: list, per_op: int) -> None:
                 print(f"    {us:7.2f} / {others}  {name:28s} {times[-1].get(name, (sym,))[0]}")
 
 
-def per_op_times(ex, backend, reps: int = 20, windows: int = 3) -> list:
-    """GPU time of each launch alone: a graph of `reps` back-to-back launches of that kernel, its
-    replays timed with events (CuPy's ~10 us of host work per direct launch would hide the kernel)."""
+def per_op_times(ex, backend, reps: int = 20, windows: int = 3, only=None) -> list:
+    """GPU time of each launch alone (of the ops in `only`, when given): a graph of `reps`
+    back-to-back launches of that kernel, its replays timed with events (CuPy's ~10 us of host work
+    per direct launch would hide the kernel)."""
     s, out = ex.stream, []
     for L in ex.launches:
+        if only is not None and L.name not in only:
+            continue
         backend.capture_begin(s)
         for _ in range(reps):
             L.fn.launch(L.grid, L.block, L.args, L.smem, s)

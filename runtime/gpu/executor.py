@@ -14,7 +14,7 @@ producer and its normalized consumer, and the per-sample timestep indices `t_idx
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from ..reference import Reference
 from . import memory
 from .backend import get_backend
 from .kernels import KernelSet
-from .ops import ELEM_BYTES, Ctx, OpSpec, Resolver, all_tile_keys, from_device, op_spec, storage_dtype, to_device
+from .ops import (ELEM_BYTES, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec, storage_dtype,
+                  to_device)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 ALIGN = memory.ALIGN
@@ -103,7 +104,8 @@ class _Addr(Resolver):
 
 class GpuExecutor:
     def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Any = None,
-                 early_start: bool = True) -> None:
+                 early_start: bool = True, tiles: Optional[Mapping[str, TileChoice]] = None,
+                 extra_keys: Sequence[Any] = ()) -> None:
         if precision not in PRECISIONS:
             raise UsageError(f"GPU precision must be one of {PRECISIONS}, got {precision!r}")
         if batch < 1:
@@ -113,7 +115,7 @@ class GpuExecutor:
         self.plan = build_plan(self.config)
         self._bufs: List[Any] = []
         ctx = Ctx(self.plan, weights.params, precision, self.batch, device_sm_count(self.backend),
-                  view_layout(self.plan))
+                  view_layout(self.plan), tiles=dict(tiles or {}))
         self.specs: List[OpSpec] = [op_spec(op, ctx) for op in self.plan.ops if op.kind != CAT]
         # Sizes first (runtime.gpu.memory, shared with `jetson-sample --plan-only`): a batch that
         # does not fit is refused before any compile, pinned staging or upload.
@@ -122,7 +124,7 @@ class GpuExecutor:
         self.arena: ArenaPlan = memory.executor_arena(self.plan, self.specs, precision, self.batch, self.batch,
                                                       (self.stats_parts, self._stats_life))
         self._check_memory(self._wlayout.nbytes)
-        keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs}
+        keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs} | set(extra_keys)
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
         host_w = self._pack_weights(weights)
         self.stream = self.backend.stream()

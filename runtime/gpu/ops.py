@@ -120,6 +120,20 @@ class Ctx:
     tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch)
     extra_keys: List[Any] = field(default_factory=list)
     conv_stages: int = field(default_factory=lambda: stages_from_env())   # 0: conv_gemm everywhere
+    tiles: Mapping[str, "TileChoice"] = field(default_factory=dict)       # op.out -> measured tile
+
+
+@dataclass(frozen=True)
+class TileChoice:
+    """One op's tile, measured instead of guessed (tools/tune_tiles.py): it replaces choose_tile,
+    choose_bk, pipe_tile and (splits > 0) choose_splits for that op. Checked by check_key."""
+    bm: int
+    bn: int
+    wm: int
+    wn: int
+    bk: int
+    stages: int = 0      # 0: conv_gemm; n: the cp.async conv with n stages
+    splits: int = 0      # 0: choose_splits decides
 
 
 # ---- tile choice ----------------------------------------------------------------------------------
@@ -205,6 +219,42 @@ def pipe_tile(precision: str, bm: int, bn: int, vec: int, gate: bool, stages: in
     return max(fits, key=lambda f: ((f[1] - 1) * f[0], -f[1])) if fits else None
 
 
+def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
+    """A tile the kernels can instantiate (their static_asserts and the smem budget, in Python), so a
+    bad tuning entry is a one-line ConfigError rather than an NVRTC failure."""
+    tc, nt, eb = key.dtype != "fp32", key.threads, ELEM_BYTES[key.dtype]
+    kv, vb = key.bk // key.vec, 16 // eb
+    rpp = nt // kv if kv and nt % kv == 0 else 0
+    ap = cdiv(key.bm, rpp) if rpp else 0
+    smem = (pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + PIPE_SCRATCH if key.stages else
+            2 * eb * ((key.bm + key.bn) * (key.bk + 8) if tc else key.bk * (key.bm + key.bn + 8)) + 1200)
+    problems = [
+        (key.bk not in ((32, 64) if tc else (16,)), f"BK {key.bk}"),
+        (not rpp or not (key.bm % rpp == 0 or ap == 1) or ap > 32, f"A split of {key.bm} rows over {nt} threads"),
+        ((key.bn * key.bk // vb) % nt != 0, f"B split of {key.bn}x{key.bk} over {nt} threads"),
+        (tc and ((key.bm // key.wm) % 16 or (key.bn // key.wn) % 16), f"warp tile {key.bm}/{key.wm} x {key.bn}/{key.wn}"),
+        (not tc and (key.bm % 16 or (key.bn // max(nt // 16, 1)) % 4), "FFMA thread tile"),
+        (key.stages and (not tc or key.vec != VEC_MAX[key.dtype] or not 2 <= key.stages <= MAX_STAGES),
+         f"cp.async stages {key.stages}"),
+        (smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
+        (key.gate and key.bn < n, f"gate BN {key.bn} < {n} channels"),
+    ]
+    bad = [msg for cond, msg in problems if cond]
+    if bad:
+        raise ConfigError(f"{where}: tile {key.symbol} is not supported ({'; '.join(bad)})")
+
+
+def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int) -> Optional[ConvKey]:
+    """`key` with the measured tile of op `name` from ctx.tiles, checked; None when there is none."""
+    t = ctx.tiles.get(name)
+    if t is None:
+        return None
+    tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk,
+                                stages=t.stages if ctx.conv_stages else 0)
+    check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
+    return tuned
+
+
 def with_pipeline(key: ConvKey, ctx: Ctx, dyn_smem: int) -> ConvKey:
     """`key` as the cp.async variant when ctx.conv_stages asks for it and the tile allows it."""
     pipe = pipe_tile(key.dtype, key.bm, key.bn, key.vec, key.gate, ctx.conv_stages, dyn_smem)
@@ -277,7 +327,9 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     bm, bn, wm, wn = tile
     key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
                   vec, False)
-    return with_pipeline(key, ctx, 8 * xt.channels if op.norm else 0) if ctx.conv_stages else key
+    dyn = 8 * xt.channels if op.norm else 0
+    return (tuned_key(key, ctx, op.out, ot.channels, dyn)
+            or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -300,7 +352,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         blobs["gn_w"] = padded(p[op.norm + ".weight"], xt.channels)
         blobs["gn_b"] = padded(p[op.norm + ".bias"], xt.channels)
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
-    splits, ws_bytes = split_k(blobs, mtiles * ntiles, sum(nks), key, ctx)
+    splits, ws_bytes = split_k(blobs, mtiles * ntiles, sum(nks), key, ctx, op.out)
     grid = (mtiles * splits, ntiles, ctx.batch)
     smem = 8 * xt.channels if op.norm else 0
     act = {"none": 0, "gelu": 1}[op.act]
@@ -324,9 +376,11 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     return OpSpec(op, key, grid, (key.threads, 1, 1), smem, blobs, make_args, mtiles * ntiles, ws_bytes)
 
 
-def split_k(blobs: Dict[str, np.ndarray], tiles: int, nk: int, key: ConvKey, ctx: Ctx) -> Tuple[int, int]:
+def split_k(blobs: Dict[str, np.ndarray], tiles: int, nk: int, key: ConvKey, ctx: Ctx,
+            name: str) -> Tuple[int, int]:
     """Splits, workspace bytes; adds the zeroed per-tile arrival counters to the op's blobs."""
-    splits = choose_splits(nk, tiles * ctx.batch, ctx.sms)
+    t = ctx.tiles.get(name)
+    splits = min(t.splits, nk) if (t and t.splits) else choose_splits(nk, tiles * ctx.batch, ctx.sms)
     if splits == 1:
         return 1, 0
     blobs["counters"] = np.zeros(tiles * ctx.batch, dtype=np.int32)
@@ -348,7 +402,7 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
     bm, bn, wm, wn = tile
     key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, True), wm, wn, 1, 1, 1,
                   vec, True)
-    return with_pipeline(key, ctx, 0) if ctx.conv_stages else key
+    return tuned_key(key, ctx, op.out, g, 0) or (with_pipeline(key, ctx, 0) if ctx.conv_stages else key)
 
 
 def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -366,7 +420,7 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
     blobs = {"w": w, "bias": padded(bias, npad), "psi": padded(f32(".psi.weight"), npad)}
     psi_b = float(f32(".psi.bias").ravel()[0])
     mtiles = cdiv(m, tile[0])
-    splits, ws_bytes = split_k(blobs, mtiles, sum(nks), key, ctx)
+    splits, ws_bytes = split_k(blobs, mtiles, sum(nks), key, ctx, op.out)
     grid = (mtiles * splits, 1, ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:

@@ -1,0 +1,116 @@
+"""Measured tiles: the candidate tiles of each GEMM conv and gate (what tools/tune_tiles.py times)
+and the tuning file that records the fastest per op, which GpuExecutor(tiles=...) then uses instead
+of ops.choose_tile's guess.
+
+A tuning file belongs to one (device, SM count, precision, batch): tiles that win on an H100 at
+batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made for other
+ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "tiles": {op: {bm, bn,
+wm, wn, bk, stages, splits}}, ...measurements}.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping
+
+from ..errors import ConfigError
+from ..plan import CONV, GATE, Op
+from .ops import (MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, check_key,
+                  conv_matrix, gate_key, gemm_key, kernel_kind, pipe_ring_bytes)
+
+FORMAT = 1
+# (BM, BN, WM, WN): 4-warp tiles from 32x32 to 128x64, and 8-warp ones for 128-row / 128-column tiles
+TC_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 2, 2),
+            (64, 128, 2, 2), (128, 64, 4, 2), (64, 128, 2, 4), (128, 128, 4, 2), (64, 64, 2, 1))
+FFMA_TILES = ((32, 32, 2, 2), (64, 32, 2, 2), (32, 64, 2, 2), (64, 64, 2, 2))
+GATE_ROWS = ((32, 2, 2), (64, 2, 2), (32, 1, 4), (64, 1, 4))
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def tunable(op: Op, ctx: Ctx) -> bool:
+    return op.kind == GATE or (op.kind == CONV and kernel_kind(op, ctx.plan) == "gemm")
+
+
+def base_key(op: Op, ctx: Ctx) -> Any:
+    """The heuristic's key of `op` (no tuned tile), whose vec / kh / stride / up a candidate keeps."""
+    plain = dataclasses.replace(ctx, tiles={})
+    return gate_key(op, plain) if op.kind == GATE else gemm_key(op, plain)
+
+
+def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
+    """Every tile of `op` worth timing that the kernels can instantiate (ops.check_key), splits left
+    to the heuristic; the heuristic's own tile first."""
+    key = base_key(op, ctx)
+    gate = op.kind == GATE
+    n = ctx.plan.tensors[op.x if gate else op.out].channels
+    dyn = 0 if gate or not op.norm else 8 * ctx.plan.tensors[op.x].channels
+    tc = ctx.precision != "fp32"
+    if gate:
+        shapes = [(bm, key.bn, wm, wn) for bm, wm, wn in GATE_ROWS]
+    else:
+        widest = max(32, 1 << (n - 1).bit_length())   # no BN wider than N rounded up to a power of two
+        shapes = [s for s in (TC_TILES if tc else FFMA_TILES) if s[1] <= widest]
+    pipe = bool(ctx.conv_stages) and tc and key.vec == VEC_MAX[ctx.precision]
+    out = [TileChoice(key.bm, key.bn, key.wm, key.wn, key.bk, key.stages)]
+    for bm, bn, wm, wn in shapes:
+        variants = []
+        if pipe:
+            for stages in range(3, min(4, MAX_STAGES) + 1):
+                budget = min(PIPE_RING_LIMIT, SMEM_LIMIT - PIPE_SCRATCH - dyn)
+                bk = next((b for b in (64, 32) if pipe_ring_bytes(bm, bn, b, stages) <= budget), 0)
+                if bk:
+                    variants.append((bk, stages))
+        else:
+            variants = [(64, 0), (32, 0)] if tc else [(16, 0)]
+        for bk, stages in variants:
+            t = TileChoice(bm, bn, wm, wn, bk, stages)
+            try:
+                check_key(dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=stages), n, dyn, op.out)
+            except ConfigError:
+                continue
+            if t not in out:
+                out.append(t)
+    return out
+
+
+def k_segments(op: Op, ctx: Ctx) -> List[int]:
+    """The GEMM's K segments (the conv, then a fused residual_conv's or the gate's skip input)."""
+    t = ctx.plan.tensors
+    if op.kind == GATE:
+        return [t[op.inputs[0]].channels, t[op.inputs[1]].channels]
+    return [conv_matrix(op, ctx.params).shape[1]] + ([t[op.residual].channels] if op.residual_conv else [])
+
+
+def with_splits(t: TileChoice, segments: List[int]) -> List[TileChoice]:
+    """`t` with each split-K factor that leaves every split at least two k-tiles."""
+    nk = sum(cdiv(k, t.bk) for k in segments)
+    return [dataclasses.replace(t, splits=s) for s in SPLITS if s <= max(1, nk // 2)]
+
+
+def dump_tiles(path: Path, tiles: Mapping[str, TileChoice], meta: Mapping[str, Any]) -> None:
+    doc = dict(meta)
+    doc["format"] = FORMAT
+    doc["tiles"] = {name: dataclasses.asdict(t) for name, t in sorted(tiles.items())}
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def load_tiles(path: Path, precision: str, batch: int, sms: int) -> Dict[str, TileChoice]:
+    """The tiles of a tuning file, refused (ConfigError, one line) when it was measured for another
+    precision, batch or SM count, or is not a tuning file."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+        tiles = {str(k): TileChoice(**{f: int(v[f]) for f in ("bm", "bn", "wm", "wn", "bk", "stages", "splits")})
+                 for k, v in doc["tiles"].items()}
+        made = (str(doc["precision"]), int(doc["batch"]), int(doc["sms"]))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the tuning file ({e.strerror or e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path}: not a tuning file of format {FORMAT} ({type(e).__name__}: {e})") from None
+    if made != (precision, int(batch), int(sms)):
+        raise ConfigError(f"{path}: tiles measured for {made[0]} batch {made[1]} on {made[2]} SMs, "
+                          f"not {precision} batch {batch} on {sms} SMs")
+    return tiles

@@ -1,0 +1,116 @@
+"""tools/tune_tiles.py on a recording fake GPU whose kernels cost what a fixed model says: the tool
+must pick each op's cheapest candidate, write a tuning file that load_tiles accepts for the same
+(precision, batch, SMs) only, and GpuExecutor(tiles=...) must then launch those tiles."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, List
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import tune_tiles  # noqa: E402
+from fakes import FakeBackend  # noqa: E402
+from runtime.errors import ConfigError  # noqa: E402
+from runtime.gpu import ops  # noqa: E402
+from runtime.gpu.executor import GpuExecutor, view_layout  # noqa: E402
+from runtime.gpu.tuning import candidates, load_tiles, tunable  # noqa: E402
+from runtime.plan import build_plan  # noqa: E402
+from runtime.weights import load_weights  # noqa: E402
+
+
+def cost_us(symbol: str, grid) -> float:
+    """The fake's model: 64x32 tiles are the fastest, split-K costs a little per split."""
+    base = 1.0 if "_64x32x" in symbol else 2.0
+    return base + 0.01 * grid[0]
+
+
+class Clock:
+    t = 0.0
+
+
+class Ev:
+    def record(self, stream: Any) -> None:
+        self.t = Clock.t
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_ms(self, later: "Ev") -> float:
+        return later.t - self.t
+
+
+class Graph:
+    def __init__(self, cost: float) -> None:
+        self.cost = cost
+
+    def launch(self, stream: Any) -> None:
+        Clock.t += self.cost
+
+
+class TimedFake(FakeBackend):
+    def __init__(self) -> None:
+        super().__init__(sms=8)
+        self._mark = 0
+
+    def event(self, timing: bool = True) -> Ev:
+        return Ev()
+
+    def capture_begin(self, stream: Any) -> None:
+        self._mark = len(self.launches)
+
+    def capture_end(self, stream: Any) -> Graph:
+        cost = sum(cost_us(sym, grid) for sym, grid, *_ in self.launches[self._mark:]) / 1000.0
+        return Graph(cost)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return load_weights(os.path.join(ROOT, "weights", "seed-unet-emoji64.npz"))
+
+
+def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_path, monkeypatch):
+    fake = TimedFake()
+    monkeypatch.setattr(tune_tiles, "get_backend", lambda name: fake)
+    assert tune_tiles.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path)]) == 0
+    path = tmp_path / "tiles-fp16-b2.json"
+    doc = json.loads(path.read_text())
+    assert doc["device"] == "fake" and doc["sms"] == 8 and doc["batch"] == 2
+    tiles = load_tiles(path, "fp16", 2, 8)
+    plan = build_plan(weights.config)
+    ctx = ops.Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
+    tuned_ops = [op for op in plan.ops if tunable(op, ctx)]
+    assert set(tiles) == {op.out for op in tuned_ops}
+    for op in tuned_ops:
+        has_64x32 = any((t.bm, t.bn) == (64, 32) for t in candidates(op, ctx))
+        assert ((tiles[op.out].bm, tiles[op.out].bn) == (64, 32)) == has_64x32, op.out
+        us = doc["op_us"][op.out]
+        assert us["tuned"] <= us["heuristic"]
+    with GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8), tiles=tiles) as ex:
+        launched = {L.name: L for L in ex.launches}
+    for op in tuned_ops:
+        t = tiles[op.out]
+        assert f"_{t.bm}x{t.bn}x{t.bk}_{t.wm}x{t.wn}_" in launched[op.out].fn.symbol
+        size = plan.tensors[op.inputs[1] if op.kind == "gate" else op.out].size
+        assert launched[op.out].grid[0] == -(-size ** 2 // t.bm)   # one split: each costs more in the model
+
+
+def test_a_tuning_file_for_other_conditions_or_a_bad_tile_is_refused(weights, tmp_path):
+    fake = TimedFake()
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": 1, "device": "x", "sms": 8, "precision": "fp16", "batch": 1,
+                                "tiles": {"downs.0.block1.conv1": {"bm": 48, "bn": 64, "wm": 2, "wn": 2, "bk": 64,
+                                                      "stages": 3, "splits": 0}}}))
+    with pytest.raises(ConfigError, match="batch 1 on 8 SMs, not fp16 batch 16"):
+        load_tiles(path, "fp16", 16, 8)
+    tiles = load_tiles(path, "fp16", 1, 8)
+    with pytest.raises(ConfigError, match=r"downs.0.block1.conv1: tile .*48x64.* is not supported \(warp tile"):
+        GpuExecutor(weights, "fp16", batch=1, backend=fake, tiles=tiles)   # 48 rows over 2 warps: not 16k
+    path.write_text("{}")
+    with pytest.raises(ConfigError, match="not a tuning file"):
+        load_tiles(path, "fp16", 1, 8)

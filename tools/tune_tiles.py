@@ -1,0 +1,135 @@
+"""Measure the tile of every GEMM conv and gate on this GPU and write the fastest per op to a tuning
+file (runtime/gpu/tuning.py) that GpuExecutor(tiles=...) uses instead of the built-in guess.
+
+    python tools/tune_tiles.py --precision fp16 --batch 1 16 --out-dir tuned/
+
+Method: every candidate tile of every op is compiled into one module (one NVRTC build); round r
+builds an executor whose ops each take their r-th candidate and times every GEMM/gate launch alone
+(a CUDA graph of 20 back-to-back launches, median of 3 windows; tools/bench_unet.per_op_times).
+Then the split-K factor of each op's best tile is timed the same way. Last, the whole call is timed
+as a graph replay with the heuristic tiles and with the tuned ones, side by side, and the eps of
+the two are compared (relative L2; the tiles change the summation order only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_unet import RandomWeights, per_op_times, timed  # noqa: E402
+from runtime import models_dir  # noqa: E402
+from runtime.config import UNetConfig  # noqa: E402
+from runtime.gpu.backend import get_backend  # noqa: E402
+from runtime.gpu.executor import GpuExecutor, device_sm_count, view_layout  # noqa: E402
+from runtime.gpu.ops import Ctx, op_spec  # noqa: E402
+from runtime.gpu.tuning import candidates, dump_tiles, k_segments, tunable, with_splits  # noqa: E402
+from runtime.plan import build_plan  # noqa: E402
+from runtime.weights import load_weights  # noqa: E402
+
+
+def graph_ms(ex, backend, x, iters: int = 100) -> float:
+    ex.eps(x, 50)
+    s, tp = ex.stream, ex.t_row_ptr(50)
+    backend.capture_begin(s)
+    ex.run(s, tp)
+    g = backend.capture_end(s)
+    return timed(backend, s, lambda: g.launch(s), 20, iters, 3)
+
+
+def time_rounds(weights, precision, batch, backend, rounds, names, extra) -> dict:
+    """{op: [(us, TileChoice), ...]} over executors built with each round's tiles."""
+    seen = {n: [] for n in names}
+    for i, tiles in enumerate(rounds):
+        t0 = time.perf_counter()
+        with GpuExecutor(weights, precision, batch=batch, backend=backend, tiles=tiles, extra_keys=extra) as ex:
+            for name, _sym, _grid, us in per_op_times(ex, backend, only=set(tiles)):
+                seen[name].append((us, tiles[name]))
+        print(f"  round {i + 1}/{len(rounds)}: {len(tiles)} ops, {time.perf_counter() - t0:.1f} s", flush=True)
+    return seen
+
+
+def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict, nks: dict, out_dir: Path) -> dict:
+    names = list(cands)
+    width = max(len(c) for c in cands.values())
+    rounds = [{n: cands[n][r] for n in names if r < len(cands[n])} for r in range(width)]
+    print(f"b{batch}: {len(names)} ops, {width} tile rounds", flush=True)
+    seen = time_rounds(weights, precision, batch, backend, rounds, names, extra)
+    best = {n: min(seen[n], key=lambda r: r[0]) for n in names}
+    heur = {n: seen[n][0][0] for n in names}   # candidate 0 is the heuristic's tile
+    split_c = {n: [t for t in with_splits(best[n][1], nks[n]) if t != best[n][1]] for n in names}
+    width = max(len(c) for c in split_c.values())
+    rounds = [{n: split_c[n][r] for n in names if r < len(split_c[n])} for r in range(width)]
+    print(f"b{batch}: {width} split-K rounds", flush=True)
+    for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra).items():
+        best[n] = min([best[n]] + rs, key=lambda r: r[0])
+    tiles = {n: best[n][1] for n in names}
+
+    cfg = weights.config
+    x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
+    with GpuExecutor(weights, precision, batch=batch, backend=backend, extra_keys=extra) as ex:
+        base_ms, base_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
+    with GpuExecutor(weights, precision, batch=batch, backend=backend, tiles=tiles, extra_keys=extra) as ex:
+        tuned_ms, tuned_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
+    rel = float(np.linalg.norm(tuned_eps - base_eps) / max(float(np.linalg.norm(base_eps)), 1e-30))
+    print(f"b{batch} {precision}: graph {base_ms:.3f} ms heuristic -> {tuned_ms:.3f} ms tuned "
+          f"({base_ms / tuned_ms:.2f}x); eps rel L2 {rel:.1e}; per op (us, heuristic -> tuned):")
+    for n in sorted(names, key=lambda n: heur[n] - best[n][0], reverse=True):
+        t = best[n][1]
+        print(f"  {heur[n]:7.2f} -> {best[n][0]:7.2f}  {n:28s} {t.bm}x{t.bn}x{t.bk} {t.wm}x{t.wn} "
+              f"s{t.stages} split {t.splits or '-'}")
+    meta = {"device": backend.device_name(), "sms": device_sm_count(backend), "precision": precision,
+            "batch": batch, "graph_ms_heuristic": base_ms, "graph_ms_tuned": tuned_ms, "eps_rel_l2": rel,
+            "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names}}
+    path = out_dir / f"tiles-{precision}-b{batch}.json"
+    dump_tiles(path, tiles, meta)
+    print(f"wrote {path}")
+    return meta
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--out-dir", default="tuned", help="where tiles-<precision>-b<batch>.json go (default: tuned/)")
+    ap.add_argument("--json", default="", help="also write the measurements to this JSON file")
+    args = ap.parse_args(argv)
+    backend = get_backend("cupy")
+    path = models_dir() / "seed-unet-emoji64.npz"
+    weights = load_weights(path) if path.is_file() else RandomWeights(UNetConfig())
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan, sms = build_plan(weights.config), device_sm_count(backend)
+    per_batch, extra = {}, set()
+    for b in args.batch:   # every candidate of every batch in one module: one NVRTC build for all rounds
+        ctx = Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan))
+        cands, nks = {}, {}
+        for op in plan.ops:
+            if not tunable(op, ctx):
+                continue
+            cands[op.out] = candidates(op, ctx)
+            for t in cands[op.out]:
+                spec = op_spec(op, Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan),
+                                       tiles={op.out: t}))
+                extra.add(spec.key)
+            nks[op.out] = k_segments(op, ctx)
+        per_batch[b] = (cands, nks)
+    extra = sorted(extra, key=lambda k: k.symbol)
+    print(f"device: {backend.device_name()} ({sms} SMs); {len(extra)} candidate kernels", flush=True)
+    t0 = time.perf_counter()
+    GpuExecutor(weights, args.precision, batch=1, backend=backend, extra_keys=extra).close()
+    print(f"module built in {time.perf_counter() - t0:.1f} s", flush=True)
+    results = [tune(weights, args.precision, b, backend, extra, *per_batch[b], out_dir) for b in args.batch]
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
