@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, List
+from typing import Any
 
 import pytest
 
