@@ -6,8 +6,8 @@
 //              the tap reads x[(oy*ST + ky - PAD) / UP, (ox*ST + kx - PAD) / UP, c] with bounds on
 //              the (upsampled) grid: UP = 2 is `up2`, ST = 2 with a 2x2 "tap" is pixel_unshuffle2
 //              (the weights are reordered to (dy, dx, c) at upload so the loads stay contiguous).
-//              pre(x) = GroupNorm(1) of x (from the producer's partial statistics), folded into
-//              the GEMM (see "GroupNorm, folded" below): the loaders move raw x, untouched.
+//              pre(x) = GroupNorm(1) affine of x from the producer's partial statistics; padded
+//              taps stay 0 in the normalized domain.
 //   segment 1: Cr channels of `xr` at the output pixel: a 1x1 `residual_conv` fused as extra K
 //              columns of the same GEMM (its bias is pre-summed into `bias`), so a block's conv2 is
 //              one launch; for the gate it is residual_conv(skip).
@@ -16,17 +16,8 @@
 //   partials of the stored tensor for the next conv's norm (one StatPartial per CTA).
 // GATE epilogue (BN >= N, one CTA row): s = psi . relu(acc + bias); out = sigmoid(s + psi_b) * skip.
 //
-// GroupNorm, folded (ops.fold_norm on the host): with s = rstd * gn_w[c], t = gn_b[c] - mean * s,
-//   conv(x * s + t) = rstd * conv_{W * gn_w}(x) + sum over the pixel's in-bounds taps of
-//   (P[tap][n] - mean * rstd * Q[tap][n]), P = sum_c W * gn_b, Q = sum_c (W * gn_w as uploaded),
-//   so padded taps, which are 0 in the normalized domain, add nothing. The GEMM reads the weights
-//   W * gn_w; each K split scales its segment-0 sum by rstd (before any segment-1 tile: the fused
-//   residual_conv is not normalized); the epilogue adds the tap terms (norm_table). No pass over A
-//   in shared memory, and the statistics merge overlaps the k-loop instead of preceding it. Q is
-//   summed from the rounded uploaded weights, so mean * Q cancels what the GEMM accumulates.
-//
-// Launch: grid (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN, dynamic smem
-//   4 * (KH*KH + 1) * BN bytes when normalized (ops.norm_smem). splits > 1 (small-M layers at small batch): split-K over CTAs with an fp32
+// Launch: grid (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN, dynamic smem 8*Cin bytes when
+//   normalized. splits > 1 (small-M layers at small batch): split-K over CTAs with an fp32
 //   workspace and per-tile arrival counters (zeroed once at upload, re-armed by the kernel). Weights: 16-bit: [Npad][ldw] (k contiguous); fp32: [Kpad][ldw = Npad].
 // Compute: fp16/bf16 mma.sync.m16n8k16 (fp32 accumulate) from ldmatrix fragments, BK = 32 or 64
 //   (64 halves the serialized global-load latencies of long K loops where smem allows);
@@ -42,73 +33,52 @@ extern __shared__ __align__(16) float dyn_smem[];
 #define CONV_PARAMS                                                                          \
     const void *x_, int Hin, int Win, int Cin, int ldx, const void *xr_, int Cr, int ldr,     \
     const void *w_, int ldw, int nk0, int nk1, const float *bias, const float *tbias,         \
-    int tb_stride, const int *t_idx, const float *gn_pq, int gn_ldpq,                         \
+    int tb_stride, const int *t_idx, const float *gn_w, const float *gn_b,                    \
     const float4 *gn_part, int gn_P, float gn_eps, const void *res_, int ldres, void *out_,   \
     int Hout, int Wout, int N, int ldo, float4 *st_part, int act, const float *psi_w,         \
     float psi_b, int splits, float *ws, int *counters
 #define CONV_ARGS                                                                            \
     x_, Hin, Win, Cin, ldx, xr_, Cr, ldr, w_, ldw, nk0, nk1, bias, tbias, tb_stride, t_idx,   \
-    gn_pq, gn_ldpq, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act, \
+    gn_w, gn_b, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act,   \
     psi_w, psi_b, splits, ws, counters
 
 // ---- shared pieces ------------------------------------------------------------------------------
 
-// Folded GroupNorm, the k-loop side: one split's segment-0 sum times rstd (mean_rstd: written by
-// gn_merge before the k-loop; the loop's barriers publish it).
-template <int A0, int A1, int A2>
-__device__ __forceinline__ void scale_acc(float (&acc)[A0][A1][A2], float r) {
+// GroupNorm(1) of the input as a per-channel scale/shift in dynamic smem (8*Cin bytes): merge the
+// producer's partials of sample b, then scale = gn_w * rstd, shift = gn_b - mean * scale.
+// `mean_rstd` (2 floats) and `dred` (96 doubles) are the kernel's static smem scratch.
+// The affine weights of the first PF * NT channels (4: 512 channels at 128 threads) are loaded
+// before the merge, so their latency overlaps the partials' instead of following it (one exposed
+// global latency less).
+template <int NT, int PF>
+__device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P, float gn_eps, const float *gn_w,
+                                                 const float *gn_b, int Cin, int b, float *mean_rstd, double *dred) {
+    float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
+    float pw[PF], pb[PF];
 #pragma unroll
-    for (int i = 0; i < A0; ++i)
-#pragma unroll
-        for (int j = 0; j < A1; ++j)
-#pragma unroll
-            for (int q = 0; q < A2; ++q) acc[i][j][q] *= r;
-}
-
-// Folded GroupNorm, the epilogue side: table[t][c] = P[t][n0+c] - mean*rstd*Q[t][n0+c] for the CTA's
-// BN columns and T = KH*KH taps, then table[T][c] = their sum (the interior pixels' term), in
-// dynamic smem. gn_pq: [2T][ldpq] fp32, P rows then Q rows, zero past N.
-template <int BN, int NT, int KH>
-__device__ __forceinline__ void norm_table(const float *gn_pq, int ldpq, int n0, const float *mean_rstd) {
-    constexpr int T = KH * KH;
-    const float mr = mean_rstd[0] * mean_rstd[1];
-    for (int c = threadIdx.x; c < BN; c += NT) {
-        float p[T], q[T];
-#pragma unroll
-        for (int t = 0; t < T; ++t) {   // all 2T loads in flight at once
-            p[t] = gn_pq[(size_t)t * ldpq + n0 + c];
-            q[t] = gn_pq[(size_t)(T + t) * ldpq + n0 + c];
-        }
-        float tot = 0.0f;
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-            const float v = p[t] - mr * q[t];
-            dyn_smem[t * BN + c] = v;
-            tot += v;
-        }
-        dyn_smem[T * BN + c] = tot;
+    for (int r = 0; r < PF; ++r) {
+        const int c = threadIdx.x + r * NT;
+        pw[r] = c < Cin ? gn_w[c] : 0.0f;
+        pb[r] = c < Cin ? gn_b[c] : 0.0f;
     }
-}
-
-// The folded GroupNorm's term of output pixel (oy, ox), columns c and c+1: the interior sum less the
-// taps that fall outside the (upsampled) input. Stride 1 only (the host refuses norm with stride 2).
-template <int BN, int KH>
-__device__ __forceinline__ void norm_term(int oy, int ox, int Hout, int Wout, int c, float &s0, float &s1) {
-    constexpr int T = KH * KH, PAD = KH / 2;
-    s0 = dyn_smem[T * BN + c];
-    s1 = dyn_smem[T * BN + c + 1];
-    if (KH > 1 && (oy < PAD || ox < PAD || oy >= Hout - PAD || ox >= Wout - PAD)) {
+    gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);
+    __syncthreads();
+    const float mean = mean_rstd[0], rstd = mean_rstd[1];
 #pragma unroll
-        for (int ky = 0; ky < KH; ++ky)
-#pragma unroll
-            for (int kx = 0; kx < KH; ++kx) {
-                const int vy = oy + ky - PAD, vx = ox + kx - PAD;
-                if (vy < 0 || vy >= Hout || vx < 0 || vx >= Wout) {
-                    s0 -= dyn_smem[(ky * KH + kx) * BN + c];
-                    s1 -= dyn_smem[(ky * KH + kx) * BN + c + 1];
-                }
-            }
+    for (int r = 0; r < PF; ++r) {
+        const int c = threadIdx.x + r * NT;
+        if (c < Cin) {
+            const float s = pw[r] * rstd;
+            gn_scale[c] = s;
+            gn_shift[c] = pb[r] - mean * s;
+        }
     }
+    for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) {   // wider than PF * NT
+        const float s = gn_w[c] * rstd;
+        gn_scale[c] = s;
+        gn_shift[c] = gn_b[c] - mean * s;
+    }
+    __syncthreads();
 }
 
 // Bias and time bias (gates: bias and psi) of the CTA's BN output columns, loaded into registers at
@@ -139,6 +109,14 @@ template <int BN, int NT, bool GATE, bool ENABLE> struct EpiloguePrefetch {
         }
     }
 };
+
+// The normalization of one A vector (channels c..c+VEC-1): one expression for both kernels, so they
+// round identically.
+template <class D, int VEC>
+__device__ __forceinline__ void gn_apply(Vec<typename D::S, VEC> &v, const float *scale, const float *shift) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v.v[j] = D::from_f(D::to_f(v.v[j]) * scale[j] + shift[j]);
+}
 
 // Element offsets of (row, k) in a [rows][BK] smem tile. Padded: rows of LD = BK + 8 halves
 // (conflict-free ldmatrix, register-staged stores). Swizzled (conv_pipe.cu): rows of exactly BK,
@@ -202,9 +180,8 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], const typenam
 // acc is [MF][NF][4] (tensor cores) or [TM][TN][1] (FFMA); m-tile mt of mtiles, K split sk; `red`
 // (33 floats) is the kernel's static smem scratch for the statistics; `pre` the prefetched bias
 // and time bias.
-template <class D, int BM, int BN, int WM, int WN, int KH, int VEC, bool GATE, int A0, int A1, int A2, bool EP>
+template <class D, int BM, int BN, int WM, int WN, int VEC, bool GATE, int A0, int A1, int A2, bool EP>
 __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles, int mt, int sk, float *red,
-                                            const float *mean_rstd,
                                             const EpiloguePrefetch<BN, 32 * WM * WN, GATE, EP> &pre, CONV_PARAMS) {
     typedef typename D::S S;
     constexpr bool TC = D::TC;
@@ -256,17 +233,13 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
     constexpr bool ON = EpiloguePrefetch<BN, NT, GATE, EP>::ON;
     __shared__ float ep[ON ? 2 * BN : 1];
     const float *ebias = ep, *esecond = ep + BN;
-    const bool norm = !GATE && KH % 2 == 1 && gn_part != nullptr;   // KH 2: unshuffle, never normalized
-    if constexpr (!GATE) {
-        if (norm) norm_table<BN, NT, KH>(gn_pq, gn_ldpq, n0, mean_rstd);
-    }
     if constexpr (ON) {
         pre.publish(ep);
+        __syncthreads();
     } else {
         ebias = bias + n0;
         esecond = psi_w + n0;
     }
-    if (ON || norm) __syncthreads();
 
     // ---- epilogue: each thread owns NPAIR pairs of adjacent columns; pair p -> (row slot ri, tile
     // row r, tile col c) and a pointer to its two accumulators (constant indices once unrolled).
@@ -348,13 +321,6 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                 if (ok0) v0 += tb[n];
                 if (ok1) v1 += tb[n + 1];
             }
-            if (norm && m < M) {
-                const int oy = m / Wout;
-                float s0, s1;
-                norm_term<BN, KH>(oy, m - oy * Wout, Hout, Wout, c, s0, s1);
-                v0 += s0;
-                v1 += s1;
-            }
             if (act == 1) { v0 = gelu_f(v0); v1 = gelu_f(v1); }
             const size_t pix = (size_t)b * M + m;
             if (res) {
@@ -418,13 +384,14 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;
     const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
-    const bool norm = !GATE && ST == 1 && gn_part != nullptr;   // never on gates, unshuffle: no code there
+    const bool norm = gn_part != nullptr;
+    const float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
 
     EpiloguePrefetch<BN, NT, GATE, TC> pre;
     pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
 
     // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
-    if (norm) gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);   // read after the loop's barriers
+    if (norm) conv_gn_prologue<NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
 
     // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
     typedef ARows<BM, BK, VEC, NT> AR;
@@ -435,13 +402,17 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     const int(&oy)[AP] = ar.oy;
     const int(&ox)[AP] = ar.ox;
     Vec<S, VEC> areg[AP];
+    u32 amask = 0;   // rows whose vector is real data (normalized at store time)
+    int a_c = -1;    // channel of this thread's vectors in segment 0, -1 in segment 1
 
     auto load_a = [&](int kt) {
+        amask = 0;
         if (kt < nk0) {
             const int k = kt * BK + kv * VEC;
             const int tap = k / Cin, c = k - tap * Cin;
             const int ky = tap / KH, kx = tap - (tap / KH) * KH;
             const bool kok = tap < KH * KH;
+            a_c = c;
 #pragma unroll
             for (int i = 0; i < AP; ++i) {
                 const int vy = oy[i] * ST + ky - PAD, vx = ox[i] * ST + kx - PAD;
@@ -449,12 +420,14 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
                 if (ok) {
                     const int iy = UP == 2 ? (vy >> 1) : vy, ix = UP == 2 ? (vx >> 1) : vx;
                     areg[i] = vload<S, VEC>(x + ((size_t)(b * Hin + iy) * Win + ix) * ldx + c);
+                    amask |= 1u << i;
                 } else {
                     areg[i] = vzero<S, VEC>();
                 }
             }
         } else {
             const int c = (kt - nk0) * BK + kv * VEC;
+            a_c = -1;
 #pragma unroll
             for (int i = 0; i < AP; ++i) {
                 const int m = m0 + r0 + i * RPP;
@@ -467,7 +440,8 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     auto store_a = [&](int buf) {
 #pragma unroll
         for (int i = 0; i < AP; ++i) {
-            const Vec<S, VEC> v = areg[i];
+            Vec<S, VEC> v = areg[i];
+            if (norm && a_c >= 0 && ((amask >> i) & 1u)) gn_apply<D, VEC>(v, gn_scale + a_c, gn_shift + a_c);
             const int row = r0 + i * RPP;
             if (!a_row_ok) break;
             if constexpr (TC) {
@@ -556,14 +530,12 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     for (int kt = kb; kt < ke; ++kt) {
         const int cur = (kt - kb) & 1;
         if (kt + 1 < ke) { load_a(kt + 1); load_b(kt + 1); }   // in flight during the MMAs
-        if (norm && kt == nk0) scale_acc(acc, mean_rstd[1]);   // segment 0 done: folded GroupNorm
         compute(cur);
         if (kt + 1 < ke) { store_a(cur ^ 1); store_b(cur ^ 1); }
         __syncthreads();   // one barrier: the other buffer was last read before the previous one
     }
 
-    if (norm && ke <= nk0) scale_acc(acc, mean_rstd[1]);
-    conv_finish<D, BM, BN, WM, WN, KH, VEC, GATE>(acc, mtiles, mt, sk, red, mean_rstd, pre, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation (cache-friendly on every CuPy version); the host

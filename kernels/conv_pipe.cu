@@ -6,7 +6,7 @@
 // segment, split-K, epilogue and statistics: those are conv.cu's shared device functions), for
 // fp16/bf16 with 16-byte vectors (channels % 8 == 0, 16-byte aligned strides and view offsets);
 // everything else keeps conv_gemm. Same parameter list (CONV_PARAMS) and launch shape: grid
-// (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN, dynamic smem as conv.cu (the folded GroupNorm's tap table).
+// (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN, dynamic smem 8*Cin bytes when normalized.
 //
 // Why: conv_gemm stages one k-tile in registers, so every k-tile costs one exposed global-memory
 // latency (docs/perf-notes.md: ~60 TFLOP/s at batch 16 on an H200, ~14 us per GEMM conv at batch
@@ -18,9 +18,15 @@
 //   instead of padded; the host (ops.pipe_tile) keeps the ring <= 40 KB so that ring + GroupNorm
 //   scale/shift + scratch stays under the 48 KB of static + dynamic smem that needs no opt-in, and
 //   two CTAs fit on an SM with 100 KB.
-// GroupNorm: folded into the weights and the epilogue (conv.cu, "GroupNorm, folded"): cp.async
-//   moves raw activations, nothing touches A in shared memory, and the statistics merge runs after
-//   the first STAGES-1 tiles are issued, its result needed only where segment 0 ends.
+// GroupNorm: cp.async cannot transform data in flight. Two ways were open: (a) normalize in smem
+//   after the wait, each thread the vectors it copied, before the barrier the loop has anyway; (b)
+//   apply scale/shift to the fragments after ldmatrix. (b) repeats the work WN (or WM) times, one
+//   warp per fragment, needs the per-(row, tap) padding mask in smem (padded taps must stay 0 in
+//   the normalized domain) and breaks the bit-for-bit rounding of conv_gemm. (a) touches every
+//   element once, with the thread's own masks (kept in registers for the STAGES-1 tiles in
+//   flight), the same gn_apply expression as conv_gemm (so both round alike), no extra barrier;
+//   and since the copies do not depend on the statistics, the first STAGES-1 tiles are issued
+//   before the GroupNorm merge, hiding its latency chain behind theirs. (a) it is.
 // Reference: runtime.reference.run_conv / run_gate (as conv.cu).
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool full) {
@@ -55,7 +61,8 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;   // split-K as in conv_gemm
     const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
-    const bool norm = !GATE && ST == 1 && gn_part != nullptr;   // never on gates, unshuffle: no code there
+    const bool norm = gn_part != nullptr;
+    const float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
 
     // ---- A copies: the thread -> (rows, k vector) map of conv_gemm's loader ----------------------
     typedef ARows<BM, BK, VEC, NT> AR;
@@ -69,14 +76,18 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     constexpr int BVEC = BN * BK / VEC, BP = BVEC / NT;
     static_assert(BVEC % NT == 0, "B tile split");
 
-    // Issue k-tile kt into stage st.
-    auto issue = [&](int kt, int st) {
+    // Issue k-tile kt into stage st. mask: rows whose vector is real segment-0 data (to normalize);
+    // chan: its channel, -1 in segment 1 (residual_conv columns are not normalized).
+    auto issue = [&](int kt, int st, u32 &mask, int &chan) {
         S *A = As[st], *B = Bs[st];
+        mask = 0;
+        chan = -1;
         if (kt < nk0) {
             const int k = kt * BK + kv * VEC;
             const int tap = k / Cin, c = k - tap * Cin;
             const int ky = tap / KH, kx = tap - (tap / KH) * KH;
             const bool kok = tap < KH * KH;
+            chan = c;
 #pragma unroll
             for (int i = 0; i < AP; ++i) {
                 const int vy = oy[i] * ST + ky - PAD, vx = ox[i] * ST + kx - PAD;
@@ -84,6 +95,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
                 const int iy = UP == 2 ? (vy >> 1) : vy, ix = UP == 2 ? (vx >> 1) : vx;
                 const S *src = ok ? x + ((size_t)(b * Hin + iy) * Win + ix) * ldx + c : wt;
                 if (a_row_ok) cp_async16(&A[L::off(r0 + i * RPP, kv * VEC)], src, ok);
+                mask |= (u32)ok << i;
             }
         } else {
             const int c = (kt - nk0) * BK + kv * VEC;
@@ -102,6 +114,28 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         }
     };
 
+    // After the wait: the thread normalizes the vectors it copied (its own cp.async writes are
+    // visible to it after wait_group; the barrier that follows publishes them).
+    auto normalize = [&](int st, u32 mask, int chan) {
+        if (!norm || chan < 0 || !a_row_ok) return;
+        float sc[VEC], sh[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; j += 4) {   // chan % 8 == 0, Cin % 8 == 0: 16-byte aligned
+            const float4 a = *reinterpret_cast<const float4 *>(gn_scale + chan + j);
+            const float4 s = *reinterpret_cast<const float4 *>(gn_shift + chan + j);
+            sc[j] = a.x; sc[j + 1] = a.y; sc[j + 2] = a.z; sc[j + 3] = a.w;
+            sh[j] = s.x; sh[j + 1] = s.y; sh[j + 2] = s.z; sh[j + 3] = s.w;
+        }
+#pragma unroll
+        for (int i = 0; i < AP; ++i) {
+            if (!((mask >> i) & 1u)) continue;
+            S *p = &As[st][L::off(r0 + i * RPP, kv * VEC)];
+            Vec<S, VEC> v = vload<S, VEC>(p);
+            gn_apply<D, VEC>(v, sc, sh);
+            vstore<S, VEC>(p, v);
+        }
+    };
+
     constexpr int WTM = BM / WM, WTN = BN / WN, MF = WTM / 16, NF = WTN / 8;
     static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile");
     const int wm = warp / WN, wn = warp % WN;
@@ -113,34 +147,45 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-    // ---- pipeline. Tile i lives in stage i % STAGES. One commit per slot even when nothing was
-    // issued, so wait_group counts stay uniform.
+    // ---- pipeline. Tile i lives in stage i % STAGES; qmask/qchan hold the masks of the STAGES-1
+    // tiles in flight, oldest first (a shift register: constant indices, stays in registers).
+    // One commit per slot even when nothing was issued, so wait_group counts stay uniform.
     const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits, ntiles = ke - kb;
+    u32 qmask[STAGES - 1];
+    int qchan[STAGES - 1];
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles) issue(kb + s, s);
+        qmask[s] = 0;
+        qchan[s] = -1;
+        if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
         cp_async_commit();
     }
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
     EpiloguePrefetch<BN, NT, GATE, true> pre;
     pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
-    if (norm) gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);   // read after a loop barrier
+    if (norm) conv_gn_prologue<NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
 
     int st = 0;
     for (int i = 0; i < ntiles; ++i) {
         cp_async_wait<STAGES - 2>();   // this thread's copies of tile i have landed
+        normalize(st, qmask[0], qchan[0]);
         __syncthreads();   // tile i visible to all; every warp is done with tile i-1 (its stage is reused next)
+#pragma unroll
+        for (int s = 0; s + 1 < STAGES - 1; ++s) {
+            qmask[s] = qmask[s + 1];
+            qchan[s] = qchan[s + 1];
+        }
+        qmask[STAGES - 2] = 0;
+        qchan[STAGES - 2] = -1;
         const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
-        if (i + STAGES - 1 < ntiles) issue(kb + i + STAGES - 1, wst);
+        if (i + STAGES - 1 < ntiles) issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
         cp_async_commit();
-        if (norm && kb + i == nk0) scale_acc(acc, mean_rstd[1]);   // segment 0 done: folded GroupNorm
         mma_ktile<D, MF, NF, BK, L, L>(acc, As[st], Bs[st], wm * WTM, wn * WTN, lane);
         st = st + 1 == STAGES ? 0 : st + 1;
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
 
-    if (norm && ke <= nk0) scale_acc(acc, mean_rstd[1]);
-    conv_finish<D, BM, BN, WM, WN, KH, VEC, GATE>(acc, mtiles, mt, sk, red, mean_rstd, pre, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES>.

@@ -144,13 +144,8 @@ class Problem:
         self.segs = segs
 
     def run(self, lib, k: ConvKey):
-        segs, pq = list(self.segs), None
+        w, ldw, nks = ops.pack_gemm(k.dtype, k.bn, k.bk, self.segs)
         npad = ops.round_up(self.n, k.bn)
-        if self.norm:   # as ops.gemm_conv_spec: the GroupNorm folded into the matrix + the tap table
-            segs[0], table = ops.fold_norm(segs[0], self.gn_w, self.gn_b, k.kh * k.kh, k.dtype)
-            pq = np.zeros((table.shape[0], npad), dtype=np.float32)
-            pq[:, :self.n] = table
-        w, ldw, nks = ops.pack_gemm(k.dtype, k.bn, k.bk, segs)
         mtiles, ntiles = ops.cdiv(self.m, k.bm), ops.cdiv(self.n, k.bn)
         out_c = self.cr if self.gate else self.n
         out = np.full((self.batch, self.hout, self.hout, out_c), 0x7E00, dtype=np.uint16)   # NaN
@@ -169,7 +164,8 @@ class Problem:
         args = [p(self.x), self.hin, self.hin, self.cin, self.cin, p(self.xr if self.cr else None), self.cr,
                 self.xr.shape[-1], p(w), ldw, nks[0], nks[1] if len(nks) > 1 else 0,
                 p(ops.padded(self.bias, npad)), p(self.tb if self.tbias_on else None), self.n,
-                p(self.t_idx if self.tbias_on else None), p(pq), npad, p(self.gn_part if self.norm else None), 4, 1e-5,
+                p(self.t_idx if self.tbias_on else None), p(self.gn_w if self.norm else None),
+                p(self.gn_b if self.norm else None), p(self.gn_part if self.norm else None), 4, 1e-5,
                 p(self.res if self.res_on else None), self.n, out, self.hout, self.hout, self.n, out_c,
                 None if self.gate else st_part, self.act, p(ops.padded(self.psi, npad) if self.gate else None),
                 0.25, self.splits, p(ws if self.splits > 1 else None), p(counters if self.splits > 1 else None)]
@@ -218,46 +214,3 @@ def test_emulated_stock_kernel_matches_numpy(emu_lib):
     assert err < 2e-3, err
     tiles = st.reshape(-1, 4)
     assert np.isclose(tiles[:, 0].sum(), 2 * 144 * 40) and np.isclose(tiles[:, 1].sum(), got.sum(), rtol=1e-3)
-
-
-def numpy_conv(prob: Problem) -> np.ndarray:
-    """float64 reference of a Problem without gate/unshuffle: GroupNorm(1) from the partials, then
-    the (upsampled, zero-padded) conv, residual_conv segment, bias, time bias, GELU, residual."""
-    import math
-    k, dt = prob.k, prob.k.dtype
-    x = values(prob.x, dt).astype(np.float64)
-    if prob.norm:
-        part = prob.gn_part.astype(np.float64)
-        n, s, m2 = part[..., 0].sum(1), part[..., 1].sum(1), (part[..., 2] + part[..., 1] ** 2 / part[..., 0]).sum(1)
-        mean, var = s / n, (m2 - s * s / n) / n
-        rstd = 1.0 / np.sqrt(var + 1e-5)
-        x = (x - mean[:, None, None, None]) * rstd[:, None, None, None] * prob.gn_w + prob.gn_b
-    if k.up == 2:
-        x = x.repeat(2, axis=1).repeat(2, axis=2)
-    pad, h = k.kh // 2, prob.hout
-    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-    cols = np.stack([xp[:, ky:ky + h, kx:kx + h, :] for ky in range(k.kh) for kx in range(k.kh)], axis=3)
-    out = cols.reshape(prob.batch, h, h, -1) @ prob.wmat.astype(np.float64).T + prob.bias
-    if prob.cr:
-        out += values(prob.xr, dt).astype(np.float64)[..., :prob.cr] @ prob.segs[1].astype(np.float64).T
-    if prob.tbias_on:
-        out += prob.tb[prob.t_idx][:, None, None, :]
-    if prob.act == 1:
-        out = 0.5 * out * (1 + np.vectorize(math.erf)(out / math.sqrt(2)))
-    if prob.res_on:
-        out += values(prob.res, dt)
-    return out
-
-
-@pytest.mark.parametrize("case", [c for c in CASES if c[3].get("norm")], ids=[c[0] for c in CASES if c[3].get("norm")])
-def test_emulated_normalized_convs_match_numpy(emu_lib, case):
-    """The folded GroupNorm (ops.fold_norm + conv.cu's norm_table/norm_term), border pixels
-    included, against float64 NumPy: stock and cp.async kernels, batch 2 with different statistics."""
-    _, stock, pipes, shape = case
-    prob = Problem(stock, **shape)
-    want = numpy_conv(prob)
-    for k in [stock, pipes[0]]:
-        out, _ = prob.run(emu_lib, k)
-        got = values(out, k.dtype)
-        err = np.abs(got - want).max() / np.abs(want).max()
-        assert err < (4e-3 if k.dtype == "fp16" else 3e-2), (k.symbol, err)

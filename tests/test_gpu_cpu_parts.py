@@ -19,7 +19,7 @@ from runtime.errors import ArenaError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
 from runtime.plan import CAT, CONV  # noqa: E402
-from runtime.reference import Reference, run_op  # noqa: E402
+from runtime.reference import Reference, gn1, run_op  # noqa: E402
 from runtime.weights import random_params  # noqa: E402
 
 ODD = UNetConfig(dim=12, image_size=24, dim_mults=(1, 2, 3), time_dim=48)
@@ -76,11 +76,13 @@ def test_bf16_rounding_is_nearest_even():
 
 
 def emulate(spec, key, env, plan, params, precision):
-    """conv.cu's implicit GEMM on the host: the same K order, padding, in_map and packed weights,
-    and a GroupNorm folded as the kernels fold it (raw input, W * gn_w, rstd, then the tap table)."""
+    """conv.cu's implicit GEMM on the host: the same K order, padding, in_map and packed weights."""
     op = spec.op
     xt, ot = plan.tensors[op.x], plan.tensors[op.out]
     x = env[op.x].transpose(0, 2, 3, 1)
+    if op.norm:
+        x = gn1(env[op.x], params[op.norm + ".weight"], params[op.norm + ".bias"], plan.config.norm_eps)
+        x = x.transpose(0, 2, 3, 1)
     cin, hin, hout = xt.channels, xt.size, ot.size
     kh, st, up = key.kh, key.stride, key.up
     pad = kh // 2 if st == 1 else 0
@@ -97,16 +99,6 @@ def emulate(spec, key, env, plan, params, precision):
     ok = (tap < kh * kh) & (vy >= 0) & (vy < hin * up) & (vx >= 0) & (vx < hin * up)
     a = np.where(ok, x[:, np.clip(vy // up, 0, hin - 1), np.clip(vx // up, 0, hin - 1), c], 0.0)
     out = a @ w[:, :k0p].T
-    if op.norm:   # the packed table: P rows then Q rows, one per tap
-        mean = env[op.x].mean(axis=(1, 2, 3))
-        rstd = 1.0 / np.sqrt(env[op.x].var(axis=(1, 2, 3)) + plan.config.norm_eps)
-        pq = spec.blobs["gn_pq"].astype(np.float64)
-        out = out * rstd[:, None, None, None]
-        for t in range(kh * kh):
-            vy, vx = oy * st + t // kh - pad, ox * st + t % kh - pad
-            valid = ((vy >= 0) & (vy < hin * up) & (vx >= 0) & (vx < hin * up))[None, :, :, None]
-            term = pq[t][None, :] - (mean * rstd)[:, None] * pq[kh * kh + t][None, :]
-            out = out + valid * term[:, None, None, :]
     if op.residual_conv:
         r = env[op.residual].transpose(0, 2, 3, 1)
         out = out + r @ w[:, k0p:k0p + r.shape[-1]].T

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, List
 
 import pytest
 

@@ -207,7 +207,7 @@ def pipe_tile(precision: str, bm: int, bn: int, vec: int, gate: bool, stages: in
               dyn_smem: int = 0) -> Optional[Tuple[int, int]]:
     """(BK, STAGES) of the cp.async conv for this tile, or None to keep conv_gemm: fp32, scalar
     loads (vec < 8), or no ring of >= min(stages, 3) stages within budget. Budget: the ring <=
-    PIPE_RING_LIMIT and ring + scratch + dynamic smem (the folded GroupNorm's table) <= SMEM_LIMIT, so no
+    PIPE_RING_LIMIT and ring + scratch + dynamic smem (GroupNorm scale/shift) <= SMEM_LIMIT, so no
     launch needs the large-smem opt-in and two CTAs share an SM of 100 KB. Among the rings that fit,
     the most k in flight ((stages - 1) * BK), then the fewer stages."""
     if stages < 2 or precision == "fp32" or vec != VEC_MAX[precision]:
@@ -244,14 +244,14 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         raise ConfigError(f"{where}: tile {key.symbol} is not supported ({'; '.join(bad)})")
 
 
-def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, norm_taps: int) -> Optional[ConvKey]:
+def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int) -> Optional[ConvKey]:
     """`key` with the measured tile of op `name` from ctx.tiles, checked; None when there is none."""
     t = ctx.tiles.get(name)
     if t is None:
         return None
     tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk,
                                 stages=t.stages if ctx.conv_stages else 0)
-    check_key(tuned, n, norm_smem(norm_taps, t.bn), f"tuned tile of {name}")
+    check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
     return tuned
 
 
@@ -301,27 +301,6 @@ def pack_gemm(precision: str, bn: int, bk: int, segs: Sequence[np.ndarray]) -> T
     return to_device(w, precision), w.shape[1], [kp // bk for kp in kps]
 
 
-def norm_smem(taps: int, bn: int) -> int:
-    """Dynamic smem of a GEMM conv with a folded GroupNorm (kernels/conv.cu norm_table): per tap and
-    for their sum, one fp32 per output column of the tile; 0 without a norm (taps 0)."""
-    return 4 * (taps + 1) * bn if taps else 0
-
-
-def fold_norm(w: np.ndarray, gn_w: Any, gn_b: Any, taps: int, precision: str) -> Tuple[np.ndarray, np.ndarray]:
-    """GroupNorm(1) folded into a (Cout, K = taps*Cin) conv matrix (kernels/conv.cu, "GroupNorm,
-    folded"): the matrix the GEMM reads, W * gn_w[c], and the [2*taps][Cout] fp32 table of
-    P[t][n] = sum_c W * gn_b[c] and Q[t][n] = sum_c of W * gn_w[c] as rounded for `precision` (so
-    the kernel's mean * Q cancels the mean that the GEMM accumulates from the raw input)."""
-    n, k = w.shape
-    w3 = np.asarray(w, dtype=np.float64).reshape(n, taps, k // taps)
-    gw = np.asarray(gn_w, dtype=np.float64).ravel()
-    gb = np.asarray(gn_b, dtype=np.float64).ravel()
-    folded = (w3 * gw).astype(np.float32)
-    uploaded = from_device(to_device(folded, precision), precision).astype(np.float64)
-    table = np.concatenate([(w3 @ gb).T, uploaded.sum(axis=2).T])
-    return folded.reshape(n, k), table.astype(np.float32)
-
-
 def padded(v: np.ndarray, n: int) -> np.ndarray:
     out = np.zeros(n, dtype=np.float32)
     out[:v.size] = np.asarray(v, dtype=np.float32).ravel()
@@ -336,8 +315,6 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     kh, st, up = {"none": (op.k, 1, 1), "up2": (op.k, 1, 2), "unshuffle2": (2, 2, 1)}[op.in_map]
     if op.in_map == "unshuffle2" and (op.k != 1 or op.norm):
         raise ConfigError(f"{op.out}: unshuffle2 is supported for a 1x1 conv without norm only")
-    if op.norm and op.k % 2 == 0:
-        raise ConfigError(f"{op.out}: a normalized conv needs an odd kernel size (same padding), got {op.k}")
     if op.residual_conv and op.act != "none":
         raise ConfigError(f"{op.out}: a fused residual_conv needs act 'none' (it joins the GEMM)")
     tile = choose_tile(ctx.precision, ot.size * ot.size, ot.channels, ctx.tile_batch or ctx.batch,
@@ -350,9 +327,9 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     bm, bn, wm, wn = tile
     key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
                   vec, False)
-    taps = kh * kh if op.norm else 0
-    return (tuned_key(key, ctx, op.out, ot.channels, taps)
-            or (with_pipeline(key, ctx, norm_smem(taps, bn)) if ctx.conv_stages else key))
+    dyn = 8 * xt.channels if op.norm else 0
+    return (tuned_key(key, ctx, op.out, ot.channels, dyn)
+            or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -362,8 +339,6 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     tile = (key.bm, key.bn)
     n, m = ot.channels, ot.size * ot.size
     segs = [conv_matrix(op, p)]
-    if op.norm:
-        segs[0], pq = fold_norm(segs[0], p[op.norm + ".weight"], p[op.norm + ".bias"], op.k * op.k, prec)
     bias = np.asarray(p[op.prefix + ".bias"], dtype=np.float32)
     xr, cr = None, 0
     if op.residual_conv:
@@ -373,14 +348,13 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     res = op.residual if (op.residual and not op.residual_conv) else None
     w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
     blobs = {"w": w, "bias": padded(bias, round_up(n, tile[1]))}
-    npad = round_up(n, tile[1])
     if op.norm:
-        blobs["gn_pq"] = np.zeros((pq.shape[0], npad), dtype=np.float32)
-        blobs["gn_pq"][:, :n] = pq
+        blobs["gn_w"] = padded(p[op.norm + ".weight"], xt.channels)
+        blobs["gn_b"] = padded(p[op.norm + ".bias"], xt.channels)
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles * ntiles, sum(nks), key, ctx, op.out)
     grid = (mtiles * splits, ntiles, ctx.batch)
-    smem = norm_smem(op.k * op.k if op.norm else 0, tile[1])
+    smem = 8 * xt.channels if op.norm else 0
     act = {"none": 0, "gelu": 1}[op.act]
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
@@ -390,11 +364,12 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         out_ptr, ldo = r.tensor(op.out)
         tb_ptr, tb_stride = r.tbias(op.tbias) if op.tbias else (0, 0)
         gn_part, gn_n = r.stats_in(op) if op.norm else (0, 0)
-        gn_pq = r.blob(op.out, "gn_pq") if op.norm else 0
+        gn_w = r.blob(op.out, "gn_w") if op.norm else 0
+        gn_b = r.blob(op.out, "gn_b") if op.norm else 0
         return (P(x_ptr), I(xt.size), I(xt.size), I(xt.channels), I(ldx), P(xr_ptr), I(cr), I(ldr),
                 P(r.blob(op.out, "w")), I(ldw), I(nks[0]), I(nks[1] if len(nks) > 1 else 0),
                 P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
-                P(gn_pq), I(npad), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
+                P(gn_w), P(gn_b), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
                 P(out_ptr), I(ot.size), I(ot.size), I(n), I(ldo), P(r.stats_out(op.out)), I(act),
                 P(0), F(0.0), *split_args(r, op.out, splits))
 
@@ -455,7 +430,7 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
         return (P(x_ptr), I(size), I(size), I(g), I(ldx), P(s_ptr), I(r_ch), I(lds),
                 P(r.blob(op.out, "w")), I(ldw), I(nks[0]), I(nks[1]),
                 P(r.blob(op.out, "bias")), P(0), I(0), P(0),
-                P(0), I(0), P(0), I(0), F(0.0), P(0), I(0),
+                P(0), P(0), P(0), I(0), F(0.0), P(0), I(0),
                 P(out_ptr), I(size), I(size), I(g), I(ldo), P(0), I(0),
                 P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits))
 

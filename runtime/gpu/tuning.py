@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping
 from ..errors import ConfigError
 from ..plan import CONV, GATE, Op
 from .ops import (MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, check_key,
-                  conv_matrix, gate_key, gemm_key, kernel_kind, norm_smem, pipe_ring_bytes)
+                  conv_matrix, gate_key, gemm_key, kernel_kind, pipe_ring_bytes)
 
 FORMAT = 1
 # (BM, BN, WM, WN): 4-warp tiles from 32x32 to 128x64, and 8-warp ones for 128-row / 128-column tiles
@@ -44,7 +44,7 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     key = base_key(op, ctx)
     gate = op.kind == GATE
     n = ctx.plan.tensors[op.x if gate else op.out].channels
-    taps = 0 if gate or not op.norm else op.k * op.k
+    dyn = 0 if gate or not op.norm else 8 * ctx.plan.tensors[op.x].channels
     tc = ctx.precision != "fp32"
     if gate:
         shapes = [(bm, key.bn, wm, wn) for bm, wm, wn in GATE_ROWS]
@@ -54,7 +54,7 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     pipe = bool(ctx.conv_stages) and tc and key.vec == VEC_MAX[ctx.precision]
     out = [TileChoice(key.bm, key.bn, key.wm, key.wn, key.bk, key.stages)]
     for bm, bn, wm, wn in shapes:
-        variants, dyn = [], norm_smem(taps, bn)
+        variants = []
         if pipe:
             for stages in range(3, min(4, MAX_STAGES) + 1):
                 budget = min(PIPE_RING_LIMIT, SMEM_LIMIT - PIPE_SCRATCH - dyn)
