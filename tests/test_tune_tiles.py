@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, List
+from typing import Any
 
 import pytest
 
@@ -78,10 +78,10 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
     fake = TimedFake()
     monkeypatch.setattr(tune_tiles, "get_backend", lambda name: fake)
     assert tune_tiles.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path)]) == 0
-    path = tmp_path / "tiles-fp16-b2.json"
+    path = tmp_path / "tiles-fake-8sm-fp16-b2.json"
     doc = json.loads(path.read_text())
     assert doc["device"] == "fake" and doc["sms"] == 8 and doc["batch"] == 2
-    tiles = load_tiles(path, "fp16", 2, 8)
+    tiles = load_tiles(path, "fp16", 2, 8, weights.config)
     plan = build_plan(weights.config)
     ctx = ops.Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
     tuned_ops = [op for op in plan.ops if tunable(op, ctx)]
@@ -91,8 +91,12 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
         assert ((tiles[op.out].bm, tiles[op.out].bn) == (64, 32)) == has_64x32, op.out
         us = doc["op_us"][op.out]
         assert us["tuned"] <= us["heuristic"]
-    with GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8), tiles=tiles) as ex:
+    monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path))   # found by name: device, SMs, precision, batch
+    with GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8)) as ex:
+        assert ex.tiles_from == str(path)
         launched = {L.name: L for L in ex.launches}
+    with GpuExecutor(weights, "fp16", batch=3, backend=FakeBackend(sms=8)) as ex:
+        assert ex.tiles_from is None                     # no file for batch 3: the built-in tiles
     for op in tuned_ops:
         t = tiles[op.out]
         assert f"_{t.bm}x{t.bn}x{t.bk}_{t.wm}x{t.wn}_" in launched[op.out].fn.symbol
@@ -114,3 +118,32 @@ def test_a_tuning_file_for_other_conditions_or_a_bad_tile_is_refused(weights, tm
     path.write_text("{}")
     with pytest.raises(ConfigError, match="not a tuning file"):
         load_tiles(path, "fp16", 1, 8)
+
+
+def test_find_tiles_skips_a_file_of_another_config(weights, tmp_path):
+    from runtime.config import UNetConfig
+    from runtime.gpu.tuning import dump_tiles, file_name, find_tiles
+    t = {"downs.0.block1.conv1": ops.TileChoice(32, 32, 2, 2, 64, 3, 0)}
+    meta = {"device": "fake", "sms": 8, "precision": "fp16", "batch": 1}
+    path = tmp_path / file_name("fake", 8, "fp16", 1)
+    dump_tiles(path, t, dict(meta, config=UNetConfig(dim=16).to_dict()))
+    assert find_tiles(weights.config, "fake", 8, "fp16", 1, dirs=[tmp_path]) is None
+    dump_tiles(path, t, dict(meta, config=weights.config.to_dict()))
+    found = find_tiles(weights.config, "fake", 8, "fp16", 1, dirs=[tmp_path])
+    assert found == (path, t)
+    assert find_tiles(weights.config, "fake", 8, "bf16", 1, dirs=[tmp_path]) is None
+
+
+def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
+    """runtime/tiles/: every file loads for its own conditions and every tile passes ops.check_key."""
+    from runtime.gpu.tuning import SHIPPED
+    files = sorted(SHIPPED.glob("*.json"))
+    assert files
+    plan = build_plan(weights.config)
+    for f in files:
+        doc = json.loads(f.read_text())
+        tiles = load_tiles(f, doc["precision"], doc["batch"], doc["sms"], weights.config)
+        ctx = ops.Ctx(plan, weights.params, doc["precision"], doc["batch"], doc["sms"], view_layout(plan), tiles=tiles)
+        for op in plan.ops:
+            if tunable(op, ctx):
+                ops.op_spec(op, ctx)   # raises ConfigError on an unsupported tile

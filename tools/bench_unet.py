@@ -73,10 +73,11 @@ def conv_stages(stages: int):
             os.environ[STAGES_ENV] = old
 
 
-def bench_ours(weights, precision: str, batch: int, args, backend, stages: int = DEFAULT_STAGES) -> dict:
+def bench_ours(weights, precision: str, batch: int, args, backend, stages: int = DEFAULT_STAGES,
+               tiles: str = "auto") -> dict:
     t0 = time.perf_counter()
     with conv_stages(stages):
-        ex = GpuExecutor(weights, precision, batch=batch, backend=backend)
+        ex = GpuExecutor(weights, precision, batch=batch, backend=backend, tiles=None if tiles == "auto" else {})
     build_s = time.perf_counter() - t0
     cfg = ex.config
     rng = np.random.default_rng(0)
@@ -89,7 +90,8 @@ def bench_ours(weights, precision: str, batch: int, args, backend, stages: int =
     graph = backend.capture_end(s)
     replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats)
     rep = ex.arena_report()
-    label = f"ours {precision}" + (f" conv-s{stages}" if getattr(args, "variants", [stages]) != [DEFAULT_STAGES] else "")
+    label = (f"ours {precision}" + (f" conv-s{stages}" if getattr(args, "variants", [stages]) != [DEFAULT_STAGES] else "")
+             + (" tuned" if ex.tiles_from else ""))
     ops_t = []
     if args.per_op:
         ops_t = per_op_times(ex, backend)
@@ -101,7 +103,8 @@ def bench_ours(weights, precision: str, batch: int, args, backend, stages: int =
     return {"impl": label, "batch": batch, "direct_ms": direct, "graph_ms": replay,
             "launches": ex.launches_per_call, "build_s": build_s, "arena": rep["text"],
             "arena_bytes": rep["arena_bytes"], "weights_bytes": rep["weights_bytes"],
-            "precision": precision, "conv_stages": stages, "_eps": eps, "_per_op": ops_t}
+            "precision": precision, "conv_stages": stages, "tiles": ex.tiles_from or "built-in", "_eps": eps,
+            "_per_op": ops_t}
 
 
 def compare_variants(rows: list, per_op: int) -> None:
@@ -190,6 +193,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", type=int, nargs="+", default=[DEFAULT_STAGES], metavar="STAGES",
                     help="GEMM conv kernels to time side by side: 0 = register-staged conv_gemm, n = cp.async "
                          f"with n stages (default: {DEFAULT_STAGES} only, the runtime's default)")
+    ap.add_argument("--tiles", nargs="+", default=["auto"], choices=("auto", "builtin"),
+                    help="auto: measured tiles where a tuning file exists for this GPU and batch (tools/tune_tiles.py; "
+                         "rows marked 'tuned'), builtin: the heuristic's; both: side by side (default: auto)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
@@ -209,7 +215,8 @@ def main(argv=None) -> int:
     for b in [int(v) for v in args.batches.split(",")]:
         for p in args.precisions.split(","):
             for v in args.variants:
-                show([bench_ours(weights, p, b, args, backend, v)])
+                for t in args.tiles:
+                    show([bench_ours(weights, p, b, args, backend, v, t)])
         if not args.no_torch:
             try:
                 show(bench_torch(weights, b, args))

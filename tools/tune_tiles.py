@@ -1,7 +1,11 @@
 """Measure the tile of every GEMM conv and gate on this GPU and write the fastest per op to a tuning
 file (runtime/gpu/tuning.py) that GpuExecutor(tiles=...) uses instead of the built-in guess.
 
-    python tools/tune_tiles.py --precision fp16 --batch 1 16 --out-dir tuned/
+    python tools/tune_tiles.py --precision fp16 --batch 1 16
+
+The files go where the executor looks for them (runtime/gpu/tuning.py: $JETSON_UNET_TILES, else
+~/.cache/jetson-unet/tiles), named after the GPU, SM count, precision and batch; from then on every
+executor of that batch on that GPU uses them (`--out-dir` writes elsewhere).
 
 Method: every candidate tile of every op is compiled into one module (one NVRTC build); round r
 builds an executor whose ops each take their r-th candidate and times every GEMM/gate launch alone
@@ -29,7 +33,7 @@ from runtime.config import UNetConfig  # noqa: E402
 from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, device_sm_count, view_layout  # noqa: E402
 from runtime.gpu.ops import Ctx, op_spec  # noqa: E402
-from runtime.gpu.tuning import candidates, dump_tiles, k_segments, tunable, with_splits  # noqa: E402
+from runtime.gpu.tuning import candidates, dump_tiles, file_name, k_segments, tiles_dirs, tunable, with_splits  # noqa: E402
 from runtime.plan import build_plan  # noqa: E402
 from runtime.weights import load_weights  # noqa: E402
 
@@ -73,7 +77,7 @@ def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict,
 
     cfg = weights.config
     x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
-    with GpuExecutor(weights, precision, batch=batch, backend=backend, extra_keys=extra) as ex:
+    with GpuExecutor(weights, precision, batch=batch, backend=backend, tiles={}, extra_keys=extra) as ex:
         base_ms, base_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
     with GpuExecutor(weights, precision, batch=batch, backend=backend, tiles=tiles, extra_keys=extra) as ex:
         tuned_ms, tuned_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
@@ -84,10 +88,11 @@ def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict,
         t = best[n][1]
         print(f"  {heur[n]:7.2f} -> {best[n][0]:7.2f}  {n:28s} {t.bm}x{t.bn}x{t.bk} {t.wm}x{t.wn} "
               f"s{t.stages} split {t.splits or '-'}")
-    meta = {"device": backend.device_name(), "sms": device_sm_count(backend), "precision": precision,
+    sms = device_sm_count(backend)
+    meta = {"device": backend.device_name(), "sms": sms, "precision": precision, "config": cfg.to_dict(),
             "batch": batch, "graph_ms_heuristic": base_ms, "graph_ms_tuned": tuned_ms, "eps_rel_l2": rel,
             "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names}}
-    path = out_dir / f"tiles-{precision}-b{batch}.json"
+    path = out_dir / file_name(meta["device"], sms, precision, batch)
     dump_tiles(path, tiles, meta)
     print(f"wrote {path}")
     return meta
@@ -97,13 +102,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
-    ap.add_argument("--out-dir", default="tuned", help="where tiles-<precision>-b<batch>.json go (default: tuned/)")
+    ap.add_argument("--out-dir", default="", help="where the tuning files go (default: where the executor looks, "
+                    "$JETSON_UNET_TILES or ~/.cache/jetson-unet/tiles)")
     ap.add_argument("--json", default="", help="also write the measurements to this JSON file")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
     path = models_dir() / "seed-unet-emoji64.npz"
     weights = load_weights(path) if path.is_file() else RandomWeights(UNetConfig())
-    out_dir = Path(args.out_dir)
+    out_dir = Path(args.out_dir) if args.out_dir else tiles_dirs()[0]
     out_dir.mkdir(parents=True, exist_ok=True)
     plan, sms = build_plan(weights.config), device_sm_count(backend)
     per_batch, extra = {}, set()
@@ -123,7 +129,7 @@ def main(argv=None) -> int:
     extra = sorted(extra, key=lambda k: k.symbol)
     print(f"device: {backend.device_name()} ({sms} SMs); {len(extra)} candidate kernels", flush=True)
     t0 = time.perf_counter()
-    GpuExecutor(weights, args.precision, batch=1, backend=backend, extra_keys=extra).close()
+    GpuExecutor(weights, args.precision, batch=1, backend=backend, tiles={}, extra_keys=extra).close()
     print(f"module built in {time.perf_counter() - t0:.1f} s", flush=True)
     results = [tune(weights, args.precision, b, backend, extra, *per_batch[b], out_dir) for b in args.batch]
     if args.json:

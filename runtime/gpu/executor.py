@@ -27,6 +27,7 @@ from .backend import get_backend
 from .kernels import KernelSet
 from .ops import (ELEM_BYTES, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec, storage_dtype,
                   to_device)
+from .tuning import find_tiles
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 ALIGN = memory.ALIGN
@@ -114,8 +115,14 @@ class GpuExecutor:
         self.precision, self.batch, self.config = precision, int(batch), weights.config
         self.plan = build_plan(self.config)
         self._bufs: List[Any] = []
-        ctx = Ctx(self.plan, weights.params, precision, self.batch, device_sm_count(self.backend),
-                  view_layout(self.plan), tiles=dict(tiles or {}))
+        sms = device_sm_count(self.backend)
+        if tiles is None:   # measured tiles for this GPU and batch, if tools/tune_tiles.py made some
+            found = find_tiles(self.config, self.backend.device_name(), sms, precision, self.batch)
+            self.tiles_from: Optional[str] = str(found[0]) if found else None
+            tiles = found[1] if found else {}
+        else:
+            self.tiles_from = "given" if tiles else None   # {}: the built-in tiles
+        ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=dict(tiles))
         self.specs: List[OpSpec] = [op_spec(op, ctx) for op in self.plan.ops if op.kind != CAT]
         # Sizes first (runtime.gpu.memory, shared with `jetson-sample --plan-only`): a batch that
         # does not fit is refused before any compile, pinned staging or upload.

@@ -2,17 +2,24 @@
 and the tuning file that records the fastest per op, which GpuExecutor(tiles=...) then uses instead
 of ops.choose_tile's guess.
 
-A tuning file belongs to one (device, SM count, precision, batch): tiles that win on an H100 at
-batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made for other
-ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "tiles": {op: {bm, bn,
-wm, wn, bk, stages, splits}}, ...measurements}.
+A tuning file belongs to one (model config, device, SM count, precision, batch): tiles that win on
+an H100 at batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made
+for other ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "config",
+"tiles": {op: {bm, bn, wm, wn, bk, stages, splits}}, ...measurements}.
+
+Where the executor finds them (`find_tiles`, unless told otherwise): $JETSON_UNET_TILES, else
+~/.cache/jetson-unet/tiles (where `tools/tune_tiles.py` writes by default), then the files shipped
+in runtime/tiles/ (measured on the lent H100, see docs/perf-notes.md). The file name carries the
+device, so one folder serves several GPUs.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from ..plan import CONV, GATE, Op
@@ -20,6 +27,8 @@ from .ops import (MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX
                   conv_matrix, gate_key, gemm_key, kernel_kind, pipe_ring_bytes)
 
 FORMAT = 1
+ENV = "JETSON_UNET_TILES"
+SHIPPED = Path(__file__).resolve().parent.parent / "tiles"
 # (BM, BN, WM, WN): 4-warp tiles from 32x32 to 128x64, and 8-warp ones for 128-row / 128-column tiles
 TC_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 2, 2),
             (64, 128, 2, 2), (128, 64, 4, 2), (64, 128, 2, 4), (128, 128, 4, 2), (64, 64, 2, 1))
@@ -97,9 +106,9 @@ def dump_tiles(path: Path, tiles: Mapping[str, TileChoice], meta: Mapping[str, A
     tmp.replace(path)
 
 
-def load_tiles(path: Path, precision: str, batch: int, sms: int) -> Dict[str, TileChoice]:
+def load_tiles(path: Path, precision: str, batch: int, sms: int, config: Any = None) -> Dict[str, TileChoice]:
     """The tiles of a tuning file, refused (ConfigError, one line) when it was measured for another
-    precision, batch or SM count, or is not a tuning file."""
+    precision, batch, SM count or (when given) model config, or is not a tuning file."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -113,4 +122,38 @@ def load_tiles(path: Path, precision: str, batch: int, sms: int) -> Dict[str, Ti
     if made != (precision, int(batch), int(sms)):
         raise ConfigError(f"{path}: tiles measured for {made[0]} batch {made[1]} on {made[2]} SMs, "
                           f"not {precision} batch {batch} on {sms} SMs")
+    if config is not None and doc.get("config") != config.to_dict():
+        raise ConfigError(f"{path}: tiles measured for another model config")
     return tiles
+
+
+def tiles_dirs(environ: Mapping[str, str] = os.environ) -> List[Path]:
+    """Where find_tiles looks, first match wins: $JETSON_UNET_TILES (or the user cache), then the
+    shipped files."""
+    if environ.get(ENV):
+        first = Path(environ[ENV])
+    else:
+        base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        first = Path(base) / "jetson-unet" / "tiles"
+    return [first, SHIPPED]
+
+
+def file_name(device: str, sms: int, precision: str, batch: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
+    return f"tiles-{slug}-{int(sms)}sm-{precision}-b{int(batch)}.json"
+
+
+def find_tiles(config: Any, device: str, sms: int, precision: str, batch: int,
+               dirs: Optional[Sequence[Path]] = None) -> Optional[Tuple[Path, Dict[str, TileChoice]]]:
+    """The first tuning file for this (device, SMs, precision, batch) whose config matches, or None.
+    A file that exists but does not fit (another config, corrupt) is skipped, not fatal: the
+    built-in tiles always work."""
+    name = file_name(device, sms, precision, batch)
+    for d in tiles_dirs() if dirs is None else dirs:
+        path = Path(d) / name
+        if path.is_file():
+            try:
+                return path, load_tiles(path, precision, batch, sms, config)
+            except ConfigError:
+                continue
+    return None
