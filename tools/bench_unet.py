@@ -43,6 +43,12 @@ class RandomWeights:
         self.config, self.params = cfg, random_params(cfg, seed)
 
 
+def bench_weights():
+    """The shipped model when present, else random weights of the default config: (weights, label)."""
+    path = models_dir() / "seed-unet-emoji64.npz"
+    return (load_weights(path), "shipped") if path.is_file() else (RandomWeights(UNetConfig()), "random")
+
+
 def timed(backend, stream, fn, warmup: int, iters: int, repeats: int) -> float:
     """Median over `repeats` of (event time of `iters` calls) / iters, in ms."""
     for _ in range(warmup):
@@ -199,10 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
-    path = models_dir() / "seed-unet-emoji64.npz"
-    weights = load_weights(path) if path.is_file() else RandomWeights(UNetConfig())
+    weights, which = bench_weights()
     rows = []
-    print(f"device: {backend.device_name()}  weights: {'shipped' if path.is_file() else 'random'}")
+    print(f"device: {backend.device_name()}  weights: {which}")
     print(f"{'impl':38s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}", flush=True)
 
     def show(new: list) -> None:   # as they come: a long torch.compile must not hide earlier rows

@@ -19,14 +19,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime import models_dir  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
 from runtime.errors import UsageError  # noqa: E402
 from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, device_sm_count  # noqa: E402
 from runtime.gpu.tuning import load_tiles  # noqa: E402
-from runtime.weights import load_weights  # noqa: E402
-from bench_unet import RandomWeights  # noqa: E402
+from bench_unet import bench_weights  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -38,8 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", default="", help="a tuning file for this precision, batch and GPU")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
-    path = models_dir() / "seed-unet-emoji64.npz"
-    weights = load_weights(path) if path.is_file() else RandomWeights(UNetConfig())
+    weights, _ = bench_weights()
     tiles = load_tiles(args.tiles, args.precision, args.batch, device_sm_count(backend)) if args.tiles else None
     with GpuExecutor(weights, args.precision, batch=args.batch, backend=backend, tiles=tiles) as ex:
         if args.list:

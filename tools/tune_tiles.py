@@ -27,15 +27,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_unet import RandomWeights, per_op_times, timed  # noqa: E402
-from runtime import models_dir  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
+from bench_unet import bench_weights, per_op_times, timed  # noqa: E402
 from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, device_sm_count, view_layout  # noqa: E402
 from runtime.gpu.ops import Ctx, op_spec  # noqa: E402
 from runtime.gpu.tuning import candidates, dump_tiles, file_name, k_segments, tiles_dirs, tunable, with_splits  # noqa: E402
 from runtime.plan import build_plan  # noqa: E402
-from runtime.weights import load_weights  # noqa: E402
 
 
 def graph_ms(ex, backend, x, iters: int = 100) -> float:
@@ -107,8 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="also write the measurements to this JSON file")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
-    path = models_dir() / "seed-unet-emoji64.npz"
-    weights = load_weights(path) if path.is_file() else RandomWeights(UNetConfig())
+    weights, _ = bench_weights()
     out_dir = Path(args.out_dir) if args.out_dir else tiles_dirs()[0]
     out_dir.mkdir(parents=True, exist_ok=True)
     plan, sms = build_plan(weights.config), device_sm_count(backend)
