@@ -19,6 +19,7 @@ from fakes import FakeBackend  # noqa: E402
 from runtime.errors import ConfigError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, view_layout  # noqa: E402
+from runtime.gpu.kernels import KernelSet  # noqa: E402
 from runtime.gpu.tuning import candidates, load_tiles, tunable  # noqa: E402
 from runtime.plan import build_plan  # noqa: E402
 from runtime.weights import load_weights  # noqa: E402
@@ -67,6 +68,14 @@ class TimedFake(FakeBackend):
     def capture_end(self, stream: Any) -> Graph:
         cost = sum(cost_us(sym, grid) for sym, grid, *_ in self.launches[self._mark:]) / 1000.0
         return Graph(cost)
+
+
+@pytest.fixture(autouse=True)
+def fresh_kernel_cache():
+    """The fakes' modules must not outlive these tests: KernelSet's process cache is keyed by
+    backend name, and other tests read what their own fake compiled."""
+    yield
+    KernelSet._cache.clear()
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,7 @@ def time_rounds(weights, precision, batch, backend, rounds, names, extra) -> dic
     return seen
 
 
-def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict, nks: dict, out_dir: Path) -> dict:
+def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict, ksegs: dict, out_dir: Path) -> dict:
     names = list(cands)
     width = max(len(c) for c in cands.values())
     rounds = [{n: cands[n][r] for n in names if r < len(cands[n])} for r in range(width)]
@@ -64,7 +64,7 @@ def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict,
     seen = time_rounds(weights, precision, batch, backend, rounds, names, extra)
     best = {n: min(seen[n], key=lambda r: r[0]) for n in names}
     heur = {n: seen[n][0][0] for n in names}   # candidate 0 is the heuristic's tile
-    split_c = {n: [t for t in with_splits(best[n][1], nks[n]) if t != best[n][1]] for n in names}
+    split_c = {n: [t for t in with_splits(best[n][1], ksegs[n]) if t != best[n][1]] for n in names}
     width = max(len(c) for c in split_c.values())
     rounds = [{n: split_c[n][r] for n in names if r < len(split_c[n])} for r in range(width)]
     print(f"b{batch}: {width} split-K rounds", flush=True)
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     per_batch, extra = {}, set()
     for b in args.batch:   # every candidate of every batch in one module: one NVRTC build for all rounds
         ctx = Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan))
-        cands, nks = {}, {}
+        cands, ksegs = {}, {}
         for op in plan.ops:
             if not tunable(op, ctx):
                 continue
@@ -120,8 +120,8 @@ def main(argv=None) -> int:
                 spec = op_spec(op, Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan),
                                        tiles={op.out: t}))
                 extra.add(spec.key)
-            nks[op.out] = k_segments(op, ctx)
-        per_batch[b] = (cands, nks)
+            ksegs[op.out] = k_segments(op, ctx)
+        per_batch[b] = (cands, ksegs)
     extra = sorted(extra, key=lambda k: k.symbol)
     print(f"device: {backend.device_name()} ({sms} SMs); {len(extra)} candidate kernels", flush=True)
     t0 = time.perf_counter()

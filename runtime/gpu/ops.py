@@ -33,6 +33,7 @@ DEFAULT_STAGES = 3                                   # docs/perf-notes.md: s3 = 
 MAX_STAGES = 6
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
 PIPE_SCRATCH = 3 * 1024                              # its other static smem (reductions, gate, epilogue operands)
+GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, mean_rstd, dred, last)
 
 
 def P(v: int) -> np.uint64:
@@ -227,7 +228,7 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
     rpp = nt // kv if kv and nt % kv == 0 else 0
     ap = cdiv(key.bm, rpp) if rpp else 0
     smem = (pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + PIPE_SCRATCH if key.stages else
-            2 * eb * ((key.bm + key.bn) * (key.bk + 8) if tc else key.bk * (key.bm + key.bn + 8)) + 1200)
+            2 * eb * ((key.bm + key.bn) * (key.bk + 8) if tc else key.bk * (key.bm + key.bn + 8)) + GEMM_SCRATCH)
     problems = [
         (key.bk not in ((32, 64) if tc else (16,)), f"BK {key.bk}"),
         (not rpp or not (key.bm % rpp == 0 or ap == 1) or ap > 32, f"A split of {key.bm} rows over {nt} threads"),
