@@ -68,5 +68,9 @@ class ArenaError(RuntimeErrorBase):
     """The activation arena cannot be planned or does not fit."""
 
 
+class NoiseUnsupported(RuntimeErrorBase):
+    """This NumPy's normal stream is not the one the device generator reproduces (host noise instead)."""
+
+
 class Cancelled(RuntimeErrorBase):
     """Sampling stopped by a callback or Ctrl-C."""

@@ -24,7 +24,7 @@ from .. import kernels_dir
 from ..errors import KernelCompileError
 from .cubins import CubinCache
 
-SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "sample.cu")
+SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "sample.cu", "noise.cu")
 PIPE_SOURCE = "conv_pipe.cu"   # after conv.cu, only in modules with a cp.async conv (ConvKey.stages)
 DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16")}
 MIN_TC_ARCH = 80   # mma.sync.m16n8k16 with bf16 and the cvt.*.bf16 conversions need sm_80+

@@ -1,0 +1,119 @@
+"""The spec's noise stream drawn on the GPU (kernels/noise.cu): NumPy's
+`Generator(PCG64(seed)).standard_normal(n, dtype=float32)`, bit for bit, one row of n normals per
+draw, enqueued on any stream with no host synchronization.
+
+    dn = DeviceNoise(backend, n, module)       # module: any module of the loader (noise.cu is in all)
+    dn.seed(seed, stream)                      # PCG64(seed)'s state, uploaded
+    dn.draw(out_ptr, stream)                   # n fp32 normals, NCHW as NumPy fills them
+    dn.draw(x_ptr, stream, nhwc=(C, H * W))    # the same stream scattered to NHWC (the executor's x)
+    dn.flags(stream)                           # after the work: 0, or NOISE_* bits (redraw on the host)
+    dn.state(stream)                           # the generator's state as NumPy's state dict
+
+Flags: FLAG_AMBIGUOUS, a libm-dependent comparison was too close to call (about one draw in 1e9);
+FLAG_SHORT, a draw needed more words than it drew (never expected). Either makes every later
+draw of that seed wrong too; the caller redraws the whole run on the host. The algorithm, its NumPy
+emulation and the NumPy checks: runtime/gpu/noise_ref.py.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from .noise_ref import FLAG_AMBIGUOUS, FLAG_SHORT, WINDOW_LOG2, n_words, numpy_noise_mode
+
+KERNELS = ("noise_words", "noise_walk", "noise_emit")
+STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("inc_hi", "<u8"),
+                        ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
+                        ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
+ALIGN = 256
+__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "pack_state", "unpack_state"]
+
+
+def pack_state(state: dict, mode: int, window: int) -> np.ndarray:
+    """A NumPy PCG64 state dict as noise.cu's NoiseState (flags cleared)."""
+    a = np.zeros(1, STATE_DTYPE)
+    s, inc = state["state"]["state"], state["state"]["inc"]
+    a["s_lo"], a["s_hi"] = s & 0xFFFFFFFFFFFFFFFF, s >> 64
+    a["inc_lo"], a["inc_hi"] = inc & 0xFFFFFFFFFFFFFFFF, inc >> 64
+    a["has_uint32"], a["uinteger"] = int(state["has_uint32"]), int(state["uinteger"])
+    a["log1pf_mode"], a["window"] = mode, window
+    return a
+
+
+def unpack_state(a: np.ndarray) -> dict:
+    r = a.reshape(-1)[0]
+    return {"bit_generator": "PCG64",
+            "state": {"state": (int(r["s_hi"]) << 64) | int(r["s_lo"]), "inc": (int(r["inc_hi"]) << 64) | int(r["inc_lo"])},
+            "has_uint32": int(r["has_uint32"]), "uinteger": int(r["uinteger"])}
+
+
+class DeviceNoise:
+    """One generator and its scratch for rows of n normals. Raises NoiseUnsupported (from
+    noise_ref.numpy_noise_mode) when this NumPy draws another stream."""
+
+    window_log2 = WINDOW_LOG2    # test hook: a wide window flags most draws (exercises the host redraw)
+
+    def __init__(self, backend: Any, n: int, module: Any = None) -> None:
+        self.mode, self.exact = numpy_noise_mode()
+        if not 1 <= n < 1 << 30:
+            raise ValueError(f"device noise rows hold 1 .. 2^30 normals, got {n}")
+        self.backend, self.n = backend, int(n)
+        self.W = n_words(self.n)
+        self.groups, self.cap = self.W // 32, max(64, self.W // 8)   # cap: specials (~W/140 expected)
+        if module is None:
+            from .kernels import KernelSet
+            module = KernelSet(backend, [], name="noise").module
+        self._fn = {k: module.get(k) for k in KERNELS}
+        sizes = {"state": STATE_DTYPE.itemsize, "words": 4 * self.W, "smask": 4 * self.groups,
+                 "hmask": 4 * self.groups, "spre": 4 * self.groups, "hpre": 4 * self.groups,
+                 "rp": 4 * self.cap, "ri": 4 * self.cap, "rv": 4 * self.cap}
+        offs, total = {}, 0
+        for k, v in sizes.items():
+            offs[k] = total
+            total += -(-v // ALIGN) * ALIGN
+        self._buf = backend.alloc(total)
+        self.nbytes = total
+        self.ptr = {k: np.uint64(self._buf.ptr + o) for k, o in offs.items()}
+        self._up = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)     # seed() writes it
+        self._down = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)   # flags() / state() read it
+
+    def seed(self, seed: int, stream: Any) -> None:
+        """Start PCG64(seed)'s stream (the spec's generator), flags cleared."""
+        self._up[...] = pack_state(np.random.PCG64(seed).state, self.mode, self.window_log2).view(np.uint8)
+        self.backend.h2d(int(self.ptr["state"]), self._up, stream)
+
+    def draw(self, out_ptr: int, stream: Any, nhwc: Optional[Tuple[int, int]] = None) -> None:
+        """Enqueue the next n normals into out (fp32): NCHW, or NHWC when nhwc = (channels, pixels)."""
+        c, hw = nhwc or (0, 0)
+        if c and self.n % (c * hw):
+            raise ValueError(f"{self.n} normals are not whole images of {c} x {hw}")
+        p, G = self.ptr, np.int32(self.groups)
+        out, layout = np.uint64(out_ptr), (np.int32(c), np.int32(hw))
+        self._fn["noise_words"].launch((-(-self.groups // 128), 1, 1), (128, 1, 1),
+                                       (p["state"], p["words"], p["smask"], p["hmask"], G), 0, stream)
+        self._fn["noise_walk"].launch((1, 1, 1), (256, 1, 1),
+                                      (p["state"], p["words"], p["smask"], p["hmask"], p["spre"], p["hpre"], p["rp"],
+                                       p["ri"], p["rv"], G, np.int32(self.cap), np.uint32(self.W), np.uint32(self.n),
+                                       out) + layout, 0, stream)
+        self._fn["noise_emit"].launch((-(-self.groups // 8), 1, 1), (256, 1, 1),
+                                      (p["words"], p["smask"], p["hmask"], p["hpre"], G, np.uint32(self.n), out) + layout,
+                                      0, stream)
+
+    def _read(self, stream: Any) -> np.ndarray:
+        self.backend.d2h(self._down, int(self.ptr["state"]), stream)
+        stream.synchronize()
+        return self._down.view(STATE_DTYPE)
+
+    def flags(self, stream: Any) -> int:
+        """NOISE_* bits of every draw since seed() (waits for `stream`); 0: the stream is NumPy's."""
+        return int(self._read(stream)["flags"][0])
+
+    def state(self, stream: Any) -> dict:
+        """The generator's state now, as NumPy's PCG64 state dict (waits for `stream`)."""
+        return unpack_state(self._read(stream))
+
+    def close(self) -> None:
+        if self._buf is not None:
+            self._buf.free()
+            self._buf = None

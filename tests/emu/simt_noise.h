@@ -1,0 +1,46 @@
+// simt_noise.h: what kernels/noise.cu uses beyond simt.h (included after it): warp votes and
+// shuffles, 64-bit high multiply, bit counts, IEEE-rounded float/double operations (plain C++
+// operators: the test compiles with -ffp-contract=off, so none is fused), global atomicOr.
+#include <climits>
+
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
+inline int __clz(unsigned v) { return v ? __builtin_clz(v) : 32; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline float __double2float_rn(double d) { return (float)d; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline long long __double_as_longlong(double d) { long long i; std::memcpy(&i, &d, 8); return i; }
+inline unsigned atomicOr(unsigned *p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+
+// Every lane of the warp posts its value, then reads the one it asked for.
+template <class T> inline T emu_warp_read(T v, int src) {
+    Warp &w = my_warp();
+    static_assert(sizeof(T) <= 8, "one slot");
+    std::memcpy(&w.slot[t_lane][0], &v, sizeof(T));
+    w.bar.arrive_and_wait();
+    T r = v;
+    if (src >= 0 && src < 32) std::memcpy(&r, &w.slot[src][0], sizeof(T));
+    w.bar.arrive_and_wait();
+    return r;
+}
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_warp_read(v, src); }
+template <class T> inline T __shfl_up_sync(unsigned, T v, int d) { return emu_warp_read(v, t_lane >= d ? t_lane - d : t_lane); }
+inline unsigned __ballot_sync(unsigned, bool pred) {
+    Warp &w = my_warp();
+    w.slot[t_lane][1] = pred ? 1u : 0u;
+    w.bar.arrive_and_wait();
+    unsigned m = 0;
+    for (int l = 0; l < 32; ++l) m |= (unsigned)w.slot[l][1] << l;
+    w.bar.arrive_and_wait();
+    return m;
+}
+inline bool __any_sync(unsigned mask, bool pred) { return __ballot_sync(mask, pred) != 0u; }
