@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from .errors import BackendUnavailable, UsageError
+from .gpu.noise import NOISE_SOURCES
 from .schedule import make_steps, sample_loop, to_uint8
 from .weights import Weights, load_weights
 
@@ -30,6 +31,7 @@ GPU_PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_MODEL = "seed-unet-emoji64.npz"
 MODES = ("auto", "gpu", "cpu")
 DEFAULT_GPU_MODE = "gpu"     # chosen by measurement: see the README's performance section
+DEFAULT_NOISE = "host"       # device noise is exact too; which is faster is still to be measured on the GPU
 
 Callback = Callable[[int, int], None]
 
@@ -47,11 +49,16 @@ def _stderr_notice(msg: str) -> None:
 class Pipeline:
     def __init__(self, weights: Union[str, Path, Weights, None] = None, backend: str = "auto",
                  precision: str = "auto", mode: str = "auto", graphs: bool = True,
-                 notice: Callable[[str], None] = _stderr_notice) -> None:
+                 notice: Callable[[str], None] = _stderr_notice, noise: str = DEFAULT_NOISE) -> None:
         if mode not in MODES:
             raise UsageError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
         self.mode = DEFAULT_GPU_MODE if mode == "auto" else mode
         self.graphs = bool(graphs)
+        if noise not in NOISE_SOURCES:
+            raise UsageError(f"unknown noise source {noise!r} (choose from {', '.join(NOISE_SOURCES)})")
+        if noise == "device" and (self.mode != "gpu" or backend == "numpy"):
+            raise UsageError("device noise goes with a GPU backend in gpu mode")
+        self.noise, self._notice = noise, notice
         if backend not in BACKEND_CHOICES:
             raise UsageError(f"unknown backend {backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
         if precision not in PRECISIONS:
@@ -97,7 +104,7 @@ class Pipeline:
             from .gpu.backend import get_backend
             from .gpu.sampling import GpuSampler
             self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs,
-                                      backend=get_backend(self.backend))
+                                      backend=get_backend(self.backend), noise=self.noise, notice=self._notice)
         return self._engine
 
     def load(self, batch: int = 1) -> "Pipeline":

@@ -80,6 +80,8 @@ def test_ddim_and_callback_cancel(tiny_weights):
     (["--steps", "5"], "DDPM runs all 10 steps"),
     (["--sampler", "ddim", "--steps", "99"], "DDIM steps must be in 1..10"),
     (["--backend", "numpy", "--precision", "fp16"], "numpy backend computes in fp32 or fp64"),
+    (["--noise", "device", "--mode", "cpu"], "device noise goes with a GPU backend in gpu mode"),
+    (["--noise", "device", "--backend", "numpy"], "device noise goes with a GPU backend in gpu mode"),
 ])
 def test_usage_errors_exit_2_one_line(tiny_weights, tmp_path, args, needle):
     base = ["--weights", tiny_weights, "--out", str(tmp_path / "o.png"), "--quiet"]
@@ -102,7 +104,8 @@ def test_bad_weights_file_exit_2_names_file(tmp_path):
 def test_help_shows_every_default():
     r = run_cli("--help")
     assert r.returncode == 0
-    for flag in ("--weights", "--out", "--batch", "--steps", "--sampler", "--eta", "--seed", "--backend", "--precision"):
+    for flag in ("--weights", "--out", "--batch", "--steps", "--sampler", "--eta", "--seed", "--backend", "--precision",
+                 "--noise"):
         assert flag in r.stdout
     assert r.stdout.count("(default:") >= 10
 

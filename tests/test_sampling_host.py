@@ -1,5 +1,7 @@
 """The GPU sampling loop's host logic, driven over a fake backend (no GPU): GPU errors surface as
-one clear error (not a hang), cancel stops within one step, the noise follows the spec's order."""
+one clear error (not a hang), cancel stops within one step, the noise follows the spec's order,
+with host noise and with device noise (draws enqueued on the side stream ahead of the steps that
+read them; a flagged run redrawn on the host)."""
 from __future__ import annotations
 
 import sys
@@ -12,7 +14,10 @@ sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from fakes import FakeBackend, FakeEvent  # noqa: E402
 
 from runtime.config import Schedule, UNetConfig  # noqa: E402
-from runtime.errors import Cancelled  # noqa: E402
+from runtime.errors import Cancelled, NoiseUnsupported, UsageError  # noqa: E402
+from runtime.gpu import noise_ref  # noqa: E402
+from runtime.gpu.kernels import KernelSet  # noqa: E402
+from runtime.gpu.noise import STATE_DTYPE  # noqa: E402
 from runtime.gpu.sampling import GpuRunError, GpuSampler  # noqa: E402
 from runtime.schedule import NoiseStream, make_steps  # noqa: E402
 from runtime.weights import random_params  # noqa: E402
@@ -42,10 +47,13 @@ class FailAfter(FakeBackend):
         return FakeEvent() if self.made <= self.ok else FailingEvent()
 
 
-@pytest.mark.parametrize("mode", ["cpu", "gpu"])
-def test_gpu_error_mid_run_is_one_clear_error(mode):
+MODES = [("cpu", "host"), ("gpu", "host"), ("gpu", "device")]
+
+
+@pytest.mark.parametrize("mode,noise", MODES)
+def test_gpu_error_mid_run_is_one_clear_error(mode, noise):
     be = FailAfter(ok=10_000)
-    s = GpuSampler(W(), "fp32", 2, mode=mode, graphs=False, backend=be)
+    s = GpuSampler(W(), "fp32", 2, mode=mode, graphs=False, backend=be, noise=noise)
     be.ok = be.made + 3          # a few steps run, then the device "faults"
     with pytest.raises(GpuRunError, match=r"GPU error at step \d+: RuntimeError: cudaErrorIllegalAddress"):
         s.run(make_steps(CFG.schedule, "ddpm"), seed=0)
@@ -53,8 +61,8 @@ def test_gpu_error_mid_run_is_one_clear_error(mode):
     s.close()
 
 
-@pytest.mark.parametrize("mode", ["cpu", "gpu"])
-def test_cancel_within_one_step(mode):
+@pytest.mark.parametrize("mode,noise", MODES)
+def test_cancel_within_one_step(mode, noise):
     seen = []
 
     def cb(i, n):
@@ -62,7 +70,7 @@ def test_cancel_within_one_step(mode):
         if i == 1:
             raise Cancelled("stop")
 
-    s = GpuSampler(W(), "fp32", 3, mode=mode, graphs=False, backend=FakeBackend())
+    s = GpuSampler(W(), "fp32", 3, mode=mode, graphs=False, backend=FakeBackend(), noise=noise)
     with pytest.raises(Cancelled):
         s.run(make_steps(CFG.schedule, "ddpm"), seed=0, callback=cb)
     assert seen == [0, 1]
@@ -83,3 +91,77 @@ def test_gpu_mode_uploads_noise_in_spec_order():
         want = ref.draw().reshape(-1)
         np.testing.assert_array_equal(s._host_noise[r], want)
     s.close()
+
+
+def noise_launches(be: FakeBackend) -> list:
+    """(kernel, output pointer, layout) of every noise draw and the index of each p_sample launch."""
+    out = []
+    for i, (sym, grid, block, args, smem) in enumerate(be.launches):
+        if sym == "noise_emit":
+            out.append(("draw", int(args[6]), (int(args[7]), int(args[8])), i))
+        elif sym == "p_sample_f32":
+            out.append(("step", None, None, i))
+    return out
+
+
+def test_device_noise_draws_x_t_then_each_row_before_its_step(monkeypatch):
+    monkeypatch.setattr(KernelSet, "_cache", {})   # a fresh module logs into this backend's launches
+    be = FakeBackend()
+    s = GpuSampler(W(), "fp32", 2, mode="gpu", graphs=False, backend=be, noise="device")
+    steps = make_steps(CFG.schedule, "ddpm")
+    s.run(steps, seed=4)
+    ex, n = s.executors[0], 2 * 3 * 16 * 16
+    log = noise_launches(be)
+    draws = [e for e in log if e[0] == "draw"]
+    assert draws[0][1:3] == (ex.x_ptr, (3, 256)), "x_T goes straight into the executor's NHWC input"
+    noisy = [k for k, st in enumerate(steps) if st.sigma > 0]
+    rows = [d[1] for d in draws[1:]]
+    assert rows == [s._off["noise"] + 4 * n * r for r in range(len(noisy))] and all(d[2] == (0, 0) for d in draws[1:])
+    step_at = [e[3] for e in log if e[0] == "step"]
+    for r, k in enumerate(noisy):
+        assert draws[1 + r][3] < step_at[k], f"row {r} is drawn after step {k} that reads it"
+    assert s._host_noise is None, "no pinned host rows in device mode"
+    s.close()
+
+
+class FlaggingBackend(FakeBackend):
+    """Reads of the device generator's state come back with a flag raised."""
+
+    def d2h(self, host: np.ndarray, src: int, stream) -> None:
+        if host.nbytes == STATE_DTYPE.itemsize:
+            host.view(STATE_DTYPE)["flags"] = noise_ref.FLAG_AMBIGUOUS
+
+
+def test_flagged_device_noise_reruns_with_host_noise():
+    notes, seen = [], []
+    s = GpuSampler(W(), "fp32", 2, mode="gpu", graphs=False, backend=FlaggingBackend(), noise="device",
+                   notice=notes.append)
+    steps = make_steps(CFG.schedule, "ddim", 4, eta=1.0)
+    s.run(steps, seed=4, callback=lambda i, n: seen.append(i))
+    assert len(notes) == 1 and "again with host noise" in notes[0]
+    assert seen == [0, 1, 2, 0, 1, 2, 3], "the redraw reports its steps again"
+    ref = NoiseStream(4, (2, 3, 16, 16))
+    ref.draw()
+    for r in range(sum(st.sigma > 0 for st in steps)):
+        np.testing.assert_array_equal(s._host_noise[r], ref.draw().reshape(-1))
+    s.close()
+
+
+def test_device_noise_refused_falls_back_with_a_notice(monkeypatch):
+    def refuse(*a, **k):
+        raise NoiseUnsupported("device noise needs NumPy >= 1.22 (its float32 normal stream); this is NumPy 1.21.6")
+
+    monkeypatch.setattr("runtime.gpu.sampling.DeviceNoise", refuse)
+    notes = []
+    s = GpuSampler(W(), "fp32", 2, mode="gpu", graphs=False, backend=FakeBackend(), noise="device", notice=notes.append)
+    s.prepare()
+    assert s.noise == "host" and notes == ["note: device noise needs NumPy >= 1.22 (its float32 normal stream); "
+                                           "this is NumPy 1.21.6; drawing the noise on the host"]
+    s.close()
+
+
+@pytest.mark.parametrize("kw,needle", [({"mode": "cpu", "noise": "device"}, "gpu mode"),
+                                       ({"noise": "gpu"}, "unknown noise source")])
+def test_noise_usage_errors(kw, needle):
+    with pytest.raises(UsageError, match=needle):
+        GpuSampler(W(), "fp32", 2, graphs=False, backend=FakeBackend(), **kw)

@@ -2,8 +2,10 @@
 """End-to-end sampling benchmark: one 100-step 64x64 DDPM image, our modes vs PyTorch, one run.
 
     python tools/bench_sampling.py --batch 1 16 --precision fp16 --json out.json
+    python tools/bench_sampling.py --batch 16 --noise host device --no-torch   # noise drawn on the CPU vs the GPU
 
-For each batch: our GPU mode with CUDA graphs, without graphs, and the CPU p_sample mode; then,
+For each batch: our GPU mode with CUDA graphs (once per --noise source), without graphs, and the
+CPU p_sample mode; then,
 when torch is importable, PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on
 the same weights and the same noise (their loop runs the same affine step on the GPU with all
 noise uploaded before the clock starts, which favours them). Setup (compile + weight upload) is
@@ -40,9 +42,9 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
 
 
-def time_ours(weights, steps, batch, precision, mode, graphs, repeat, seed):
+def time_ours(weights, steps, batch, precision, mode, graphs, repeat, seed, noise="host"):
     t0 = time.perf_counter()
-    s = GpuSampler(weights, precision, batch, mode=mode, graphs=graphs)
+    s = GpuSampler(weights, precision, batch, mode=mode, graphs=graphs, noise=noise)
     setup = time.perf_counter() - t0
     try:
         x0 = s.run(steps, seed)                              # warm-up (graph capture, pinned buffers)
@@ -89,6 +91,8 @@ def main() -> int:
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--noise", nargs="+", choices=("host", "device"), default=["host"],
+                    help="noise sources of the gpu+graph runner (device: drawn on the GPU, runtime/gpu/noise.py)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -100,8 +104,10 @@ def main() -> int:
                                 for k, early in (("blocking", False), ("early_start", True))}
     for b in args.batch:
         ref = None
-        for name, mode, graphs in (("ours gpu+graph", "gpu", True), ("ours gpu", "gpu", False), ("ours cpu", "cpu", False)):
-            x0, st = time_ours(weights, steps, b, args.precision, mode, graphs, args.repeat, args.seed)
+        runners = [(f"ours gpu+graph{' dev-noise' if nz == 'device' else ''}", "gpu", True, nz) for nz in args.noise]
+        runners += [("ours gpu", "gpu", False, "host"), ("ours cpu", "cpu", False, "host")]
+        for name, mode, graphs, nz in runners:
+            x0, st = time_ours(weights, steps, b, args.precision, mode, graphs, args.repeat, args.seed, nz)
             ref = x0 if ref is None else ref
             st["psnr_vs_first_db"] = psnr(x0, ref)
             rows.append((b, name, st))
@@ -115,10 +121,10 @@ def main() -> int:
             except ImportError as e:
                 print(f"torch peers skipped: {e}", file=sys.stderr)
     print(f"device {results['device']}, {len(steps)}-step DDPM, {args.precision}, median of {args.repeat}")
-    print(f"{'batch':>5} {'runner':<22} {'s/image':>9} {'img/s':>8} {'GPU ms/step':>11} {'CPU ms/step':>11} "
+    print(f"{'batch':>5} {'runner':<26} {'s/image':>9} {'img/s':>8} {'GPU ms/step':>11} {'CPU ms/step':>11} "
           f"{'busy':>5} {'setup s':>7} {'PSNR':>6}")
     for b, name, st in rows:
-        print(f"{b:>5} {name:<22} {st['s_per_image']:>9.4f} {st['images_per_s']:>8.1f} "
+        print(f"{b:>5} {name:<26} {st['s_per_image']:>9.4f} {st['images_per_s']:>8.1f} "
               f"{st.get('gpu_ms_per_step', float('nan')):>11.3f} {st.get('cpu_p_sample_ms_per_step', float('nan')):>11.3f} "
               f"{st.get('gpu_busy_fraction', float('nan')):>5.2f} {st.get('setup_s', float('nan')):>7.2f} "
               f"{st['psnr_vs_first_db']:>6.1f}")

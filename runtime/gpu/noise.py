@@ -23,11 +23,12 @@ import numpy as np
 from .noise_ref import FLAG_AMBIGUOUS, FLAG_SHORT, WINDOW_LOG2, n_words, numpy_noise_mode
 
 KERNELS = ("noise_words", "noise_walk", "noise_emit")
+NOISE_SOURCES = ("host", "device")   # where a sampler draws its noise: NumPy on the CPU, or DeviceNoise
 STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("inc_hi", "<u8"),
                         ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
                         ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
 ALIGN = 256
-__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "pack_state", "unpack_state"]
+__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "pack_state", "unpack_state"]
 
 
 def pack_state(state: dict, mode: int, window: int) -> np.ndarray:

@@ -6,13 +6,17 @@ cpu (the seed design): each step runs the U-Net on a compute stream, copies eps 
     >= 2 the batch is split into two halves in ping-pong: the GPU runs one half's U-Net while the
     CPU samples the other. The next step's time-dependent work costs nothing per step: the time
     biases of all T timesteps are computed once per load (see executor.py).
-gpu (beyond the seeds): p_sample is a kernel; the noise is drawn on the CPU from the same seeded
-    stream and uploaded in chunks on the copy stream while earlier steps run; one CUDA graph holds
-    a whole step (U-Net + p_sample + advance) and is replayed for every step, because the kernels
-    read the step number from device memory. Images equal the cpu mode's up to fp32 rounding.
+gpu (beyond the seeds): p_sample is a kernel; one CUDA graph holds a whole step (U-Net + p_sample
+    + advance) and is replayed for every step, because the kernels read the step number from device
+    memory. Images equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is
+    either drawn on the CPU and uploaded in chunks on the copy stream while earlier steps run
+    (noise="host"), or drawn on the GPU by runtime.gpu.noise on a side stream, x_T straight into
+    the executor's input and each row ahead of the step that reads it (noise="device"; a run whose
+    device draws raised a flag is redrawn on the host, so the images are always the spec's stream).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -20,14 +24,19 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import RuntimeErrorBase, UsageError
+from ..errors import NoiseUnsupported, RuntimeErrorBase, UsageError
 from ..schedule import NoiseStream, Step, p_sample
 from ..trace import Timeline
 from .executor import GpuExecutor
+from .noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise
 
 MODES = ("gpu", "cpu")
-NOISE_CHUNK = 8            # steps of noise per upload in gpu mode
+NOISE_CHUNK = 8            # steps of noise per upload in gpu mode; device noise: rows drawn ahead
 Callback = Callable[[int, int], None]
+
+
+def _stderr_notice(msg: str) -> None:
+    print(msg, file=sys.stderr)
 
 
 class GpuRunError(RuntimeErrorBase):
@@ -56,9 +65,13 @@ class GpuSampler:
     """Owns the executors (one, or two half-batch ones in cpu ping-pong) and their streams."""
 
     def __init__(self, weights: Any, precision: str, batch: int, mode: str = "gpu", graphs: bool = True,
-                 backend: Any = None) -> None:
+                 backend: Any = None, noise: str = "host", notice: Callable[[str], None] = _stderr_notice) -> None:
         if mode not in MODES:
             raise UsageError(f"unknown GPU sampling mode {mode!r} (choose from {', '.join(MODES)})")
+        if noise not in NOISE_SOURCES:
+            raise UsageError(f"unknown noise source {noise!r} (choose from {', '.join(NOISE_SOURCES)})")
+        if noise == "device" and mode != "gpu":
+            raise UsageError("device noise goes with gpu mode (cpu mode samples on the host)")
         from .backend import get_backend
         self.backend = backend or get_backend("cupy")
         self.mode, self.batch, self.precision = mode, int(batch), precision
@@ -68,6 +81,10 @@ class GpuSampler:
         self.config = weights.config
         self.compute = [self.backend.stream() for _ in halves]
         self.copy = self.backend.stream()
+        self.noise, self.notice = noise, notice
+        self.side = self.backend.stream() if noise == "device" else None   # device noise draws
+        self._dnoise: Optional[DeviceNoise] = None
+        self._host_noise: Optional[np.ndarray] = None
         self._graph: Any = None
         self._tables: Any = None
         self.last_stats: dict = {}
@@ -84,8 +101,12 @@ class GpuSampler:
         except Exception as e:   # a CUDA error from any earlier launch surfaces here
             raise GpuRunError(f"GPU error at step {step}: {type(e).__name__}: {e}") from None
 
+    @property
+    def streams(self) -> List[Any]:
+        return self.compute + [self.copy] + ([self.side] if self.side is not None else [])
+
     def close(self) -> None:
-        for s in self.compute + [self.copy]:
+        for s in self.streams:
             try:
                 s.synchronize()
             except Exception:
@@ -95,6 +116,9 @@ class GpuSampler:
         if self._tables is not None:
             self._tables.free()
             self._tables = None
+        if self._dnoise is not None:
+            self._dnoise.close()
+            self._dnoise = None
         self.executors, self._graph = [], None
 
     def wait_weights(self) -> None:
@@ -105,7 +129,8 @@ class GpuSampler:
 
     def prepare(self) -> None:
         """What the first run() would otherwise do before its first step: gpu mode's device tables
-        and pinned noise rows, and the end of the weight upload. The step graph is still captured
+        and pinned noise rows (device noise: its generator and the check of this NumPy's stream),
+        and the end of the weight upload. The step graph is still captured
         by the first run (after its first step, see _capture)."""
         if not self.executors:
             raise UsageError("this GpuSampler is closed")
@@ -126,7 +151,7 @@ class GpuSampler:
                     return self._run_cpu(list(steps), seed, callback, tl)
                 return self._run_gpu(list(steps), seed, callback, tl)
         except BaseException:
-            for s in self.compute + [self.copy]:   # leave no work in flight on buffers we may free
+            for s in self.streams:   # leave no work in flight on buffers we may free
                 try:
                     s.synchronize()
                 except Exception:
@@ -195,7 +220,18 @@ class GpuSampler:
         self._off = {k: self._tables.ptr + o for k, o in offs.items()}
         mod = ex.kernels.module
         self._p_sample, self._advance = mod.get("p_sample_f32"), mod.get("advance_step")
-        self._host_noise = be.pinned((T, n), np.float32)
+        if self.noise == "device":
+            try:
+                self._dnoise = DeviceNoise(be, n, mod)
+            except NoiseUnsupported as e:
+                self.notice(f"note: {e}; drawing the noise on the host")
+                self.noise = "host"
+            else:
+                if not self._dnoise.exact:
+                    self.notice("note: this NumPy's log1pf is neither glibc's nor correctly rounded: device noise "
+                                "values beyond |z| = 3.65 (~1e-5 of them) may differ from NumPy's by 1 ulp")
+        if self.noise == "host":   # device noise needs them only to redraw a flagged run (_HostFeed)
+            self._host_noise = be.pinned((T, n), np.float32)
         self._host_tab = {"coef": be.pinned((T, 3), np.float32), "noise_row": be.pinned((T,), np.int32),
                           "t_of_step": be.pinned((T,), np.int32), "counter": be.pinned((1,), np.int32)}
 
@@ -220,13 +256,12 @@ class GpuSampler:
                              np.uint64(o["t_of_step"]), np.int32(self.batch), np.int32(self.config.timesteps)),
                              0, stream)   # T, not this run's step count: the graph serves every run
 
-    def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline) -> np.ndarray:
+    def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline,
+                 noise: Optional[str] = None) -> np.ndarray:
         if self._tables is None:
             self._prepare_gpu()
         be, ex, s0 = self.backend, self.executors[0], self.compute[0]
-        c = self.config
-        noise = NoiseStream(seed, (self.batch, c.channels, c.image_size, c.image_size))
-        x_nhwc = nchw_to_nhwc(noise.draw())
+        source = noise or self.noise
         tab = self._host_tab
         rows = np.cumsum([st.sigma > 0 for st in steps]) - 1
         tab["coef"][:len(steps)] = [(st.c_x, st.c_eps, st.sigma) for st in steps]
@@ -235,23 +270,15 @@ class GpuSampler:
         tab["counter"][0] = 0
         for k, host in tab.items():
             be.h2d(self._off[k], host, s0)
-        pin_x = ex._host_x
-        pin_x[...] = x_nhwc
-        be.h2d(ex.x_ptr, pin_x, s0)
         pin_t = ex._host_t
         pin_t[...] = steps[0].t
         be.h2d(ex.t_idx_ptr, pin_t, s0)
         done = [be.event(timing=False) for _ in steps]
-        producer = _NoiseProducer(noise, self._host_noise, int(rows[-1]) + 1 if len(rows) else 0)
-        producer.start()
+        n_rows = int(rows[-1]) + 1 if len(rows) else 0
+        feed = (_DeviceFeed if source == "device" else _HostFeed)(self, seed, n_rows, s0)   # x_T goes in first
         try:
-            uploaded = 0
             for s, st in enumerate(steps):
-                need = int(rows[s]) + 1 if st.sigma > 0 else 0
-                ready = producer.wait_rows(need) if need > uploaded else producer.ready
-                if ready > uploaded:      # whatever the producer has drawn so far goes up now
-                    self._upload_rows(uploaded, ready, s0)
-                    uploaded = ready
+                feed.before_step(int(rows[s]) + 1 if st.sigma > 0 else 0, s0)
                 if self.graphs and self._graph is None and s >= 1:
                     self._capture(s0)
                 e0, e1 = tl.gpu_span("compute 0", f"step {s}", s0)
@@ -268,10 +295,17 @@ class GpuSampler:
                     if cb is not None:
                         cb(s - 1, len(steps))
         finally:
-            producer.halt()
+            feed.halt()
         self._sync(done[-1], len(steps) - 1)
+        if source == "device":
+            flags = self._dnoise.flags(self.side)
+            if flags:   # this seed's stream is not certain past the flagged draw: all of it again, on the host
+                why = "a libm-dependent comparison too close to call" if flags & FLAG_AMBIGUOUS else "a draw ran short"
+                self.notice(f"note: device noise flagged {why}; sampling seed {seed} again with host noise")
+                return self._run_gpu(steps, seed, cb, tl, noise="host")
         if cb is not None:
             cb(len(steps) - 1, len(steps))
+        pin_x = ex._host_x
         be.d2h(pin_x, ex.x_ptr, s0)
         s0.synchronize()
         return np.ascontiguousarray(pin_x.transpose(0, 3, 1, 2)).copy()
@@ -283,6 +317,63 @@ class GpuSampler:
         ev = self.backend.event(timing=False)
         ev.record(self.copy)
         self.backend.wait(s0, ev)
+
+
+class _HostFeed:
+    """Host noise: x_T uploaded now; the rows drawn by a producer thread and uploaded on the copy
+    stream as they come, the compute stream waiting for each upload before the steps that read it."""
+
+    def __init__(self, sampler: GpuSampler, seed: int, n_rows: int, s0: Any) -> None:
+        be, ex, c = sampler.backend, sampler.executors[0], sampler.config
+        noise = NoiseStream(seed, (sampler.batch, c.channels, c.image_size, c.image_size))
+        ex._host_x[...] = nchw_to_nhwc(noise.draw())
+        be.h2d(ex.x_ptr, ex._host_x, s0)
+        if sampler._host_noise is None:   # pinned rows, only once host noise is used
+            sampler._host_noise = be.pinned((c.timesteps, sampler.batch * sampler.image_elems), np.float32)
+        self.sampler, self.uploaded = sampler, 0
+        self.producer = _NoiseProducer(noise, sampler._host_noise, n_rows)
+        self.producer.start()
+
+    def before_step(self, need: int, s0: Any) -> None:
+        """Rows [0, need) must be on the device before the next step."""
+        p = self.producer
+        ready = p.wait_rows(need) if need > self.uploaded else p.ready
+        if ready > self.uploaded:      # whatever the producer has drawn so far goes up now
+            self.sampler._upload_rows(self.uploaded, ready, s0)
+            self.uploaded = ready
+
+    def halt(self) -> None:
+        self.producer.halt()
+
+
+class _DeviceFeed:
+    """Device noise on the side stream: x_T into the executor's input (NHWC), then each row
+    NOISE_CHUNK rows ahead of the step that reads it, an event per row; the compute stream waits on
+    a row's event between graph replays, never inside the captured step."""
+
+    def __init__(self, sampler: GpuSampler, seed: int, n_rows: int, s0: Any) -> None:
+        be, ex, c, dn = sampler.backend, sampler.executors[0], sampler.config, sampler._dnoise
+        dn.seed(seed, sampler.side)
+        dn.draw(ex.x_ptr, sampler.side, nhwc=(c.channels, c.image_size * c.image_size))
+        ev = be.event(timing=False)
+        ev.record(sampler.side)
+        be.wait(s0, ev)
+        self.sampler, self.n_rows, self.waited = sampler, n_rows, 0
+        self.events: List[Any] = []
+
+    def before_step(self, need: int, s0: Any) -> None:
+        s = self.sampler
+        be, row_bytes = s.backend, 4 * s.batch * s.image_elems
+        while len(self.events) < min(self.n_rows, need + NOISE_CHUNK):
+            s._dnoise.draw(s._off["noise"] + row_bytes * len(self.events), s.side)
+            self.events.append(be.event(timing=False))
+            self.events[-1].record(s.side)
+        if need > self.waited:
+            be.wait(s0, self.events[need - 1])
+            self.waited = need
+
+    def halt(self) -> None:
+        """Nothing to stop: draws in flight are waited for by run() or close()."""
 
 
 class _NoiseProducer(threading.Thread):

@@ -1,0 +1,147 @@
+"""Device noise (kernels/noise.cu through runtime.gpu.noise.DeviceNoise) on the GPU against NumPy's
+standard_normal(float32): rows bit for bit at batch 1 and 16 sizes for several seeds, 100
+consecutive rows, NaN-poisoned outputs, NHWC, the generator state after them, flags clear; the
+ambiguity hook raises the flag; the sampler's device noise gives the host noise's images, also when a
+flagged run is redrawn on the host."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import report
+from runtime import models_dir
+from runtime.config import UNetConfig
+from runtime.gpu.kernels import KernelSet
+from runtime.gpu.noise import FLAG_AMBIGUOUS, DeviceNoise
+from runtime.gpu.sampling import GpuSampler
+from runtime.schedule import make_steps
+from runtime.weights import Weights, random_params
+
+IMAGE = 3 * 64 * 64
+
+
+@pytest.fixture(scope="module")
+def module(backend):
+    return KernelSet(backend, [], name="noise").module
+
+
+@pytest.fixture(scope="module")
+def weights():
+    from runtime.weights import load_weights
+    path = models_dir() / "seed-unet-emoji64.npz"
+    if path.is_file():
+        return load_weights(path)
+    cfg = UNetConfig()
+    return Weights("random", cfg, random_params(cfg, 4), {"param_dtype": "float32"})
+
+
+def device_rows(backend, module, n, seed, rows, nhwc=None, timing=False):
+    """rows consecutive draws of n normals into NaN-poisoned device rows: (rows x n, flags, state, ms/draw)."""
+    dn, s = DeviceNoise(backend, n, module), backend.stream()
+    buf = backend.alloc(4 * n * rows)
+    host = backend.pinned((rows, n), np.float32)
+    host[...] = np.nan
+    backend.h2d(buf.ptr, host, s)
+    dn.seed(seed, s)
+    e0, e1 = backend.event(), backend.event()
+    e0.record(s)
+    for r in range(rows):
+        dn.draw(buf.ptr + 4 * n * r, s, nhwc)
+    e1.record(s)
+    backend.d2h(host, buf.ptr, s)
+    flags, state = dn.flags(s), dn.state(s)
+    ms = e0.elapsed_ms(e1) / rows
+    dn.close()
+    buf.free()
+    return np.array(host), flags, state, ms
+
+
+def assert_bits(got, want, label):
+    diff = np.nonzero(got.view(np.uint32) != want.view(np.uint32))[0]
+    assert diff.size == 0, f"{label}: {diff.size} of {want.size} differ, first at {diff[:4].tolist()}: " \
+                           f"got {got[diff[:4]]}, want {want[diff[:4]]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("seed", [0, 1, 20240607])
+def test_rows_equal_numpy_and_leave_its_state(backend, module, batch, seed):
+    n = batch * IMAGE
+    got, flags, state, ms = device_rows(backend, module, n, seed, rows=3)
+    g = np.random.Generator(np.random.PCG64(seed))
+    for r in range(3):
+        assert_bits(got[r], g.standard_normal(n, dtype=np.float32), f"b{batch} seed {seed} row {r}")
+    assert flags == 0 and state == g.bit_generator.state
+    report(f"device noise b{batch} seed {seed}: 3 rows bit-exact, {ms:.3f} ms per row")
+
+
+@pytest.mark.gpu
+def test_hundred_consecutive_rows(backend, module):
+    n = 16 * IMAGE
+    got, flags, state, ms = device_rows(backend, module, n, 7, rows=100)
+    g = np.random.Generator(np.random.PCG64(7))
+    for r in range(100):
+        assert_bits(got[r], g.standard_normal(n, dtype=np.float32), f"row {r}")
+    assert flags == 0 and state == g.bit_generator.state
+    report(f"device noise b16: 100 rows bit-exact, {ms:.3f} ms per row (GPU time, alone on the GPU)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 5, 12289])
+def test_odd_sizes_carry_the_buffered_half_word(backend, module, n):
+    got, flags, state, _ = device_rows(backend, module, n, 3, rows=5)
+    g = np.random.Generator(np.random.PCG64(3))
+    for r in range(5):
+        assert_bits(got[r], g.standard_normal(n, dtype=np.float32), f"n {n} row {r}")
+    assert flags == 0 and state == g.bit_generator.state
+
+
+@pytest.mark.gpu
+def test_nhwc_rows(backend, module):
+    got, flags, _, _ = device_rows(backend, module, 4 * IMAGE, 11, rows=2, nhwc=(3, 64 * 64))
+    g = np.random.Generator(np.random.PCG64(11))
+    for r in range(2):
+        want = g.standard_normal((4, 3, 64 * 64), dtype=np.float32).transpose(0, 2, 1).reshape(-1)
+        assert_bits(got[r], np.ascontiguousarray(want), f"nhwc row {r}")
+    assert flags == 0
+
+
+@pytest.mark.gpu
+def test_ambiguity_hook_raises_the_flag(backend, module, monkeypatch):
+    monkeypatch.setattr(DeviceNoise, "window_log2", 45)
+    _, flags, _, _ = device_rows(backend, module, IMAGE, 0, rows=1)
+    assert flags & FLAG_AMBIGUOUS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False])
+def test_sampler_device_noise_gives_the_host_noise_images(backend, weights, graphs):
+    steps = make_steps(weights.config.schedule, "ddpm")
+    out = {}
+    for noise in ("host", "device"):
+        s = GpuSampler(weights, "fp16", 2, mode="gpu", graphs=graphs, backend=backend, noise=noise)
+        try:
+            out[noise] = s.run(steps, seed=5)
+            out[noise + "2"] = s.run(steps, seed=6)   # a second run reseeds
+        finally:
+            s.close()
+    assert np.array_equal(out["device"], out["host"]) and np.array_equal(out["device2"], out["host2"])
+
+
+@pytest.mark.gpu
+def test_flagged_run_is_redrawn_on_the_host(backend, weights, monkeypatch):
+    steps = make_steps(weights.config.schedule, "ddim", 5, eta=1.0)
+    host = GpuSampler(weights, "fp16", 2, mode="gpu", backend=backend)
+    try:
+        want = host.run(steps, seed=9)
+    finally:
+        host.close()
+    monkeypatch.setattr(DeviceNoise, "window_log2", 45)
+    notes = []
+    s = GpuSampler(weights, "fp16", 2, mode="gpu", backend=backend, noise="device", notice=notes.append)
+    try:
+        got = s.run(steps, seed=9)
+    finally:
+        s.close()
+    assert len(notes) == 1 and "again with host noise" in notes[0]
+    assert np.array_equal(got, want)
