@@ -44,16 +44,18 @@ extern __shared__ __align__(16) float dyn_smem[];
 
 // ---- shared pieces ------------------------------------------------------------------------------
 
-// GroupNorm(1) of the input as a per-channel scale/shift in dynamic smem (8*Cin bytes): merge the
-// producer's partials of sample b, then scale = gn_w * rstd, shift = gn_b - mean * scale.
+// GroupNorm(1) of the input as a per-channel scale/shift table in dynamic smem (8*Cin bytes): merge
+// the producer's partials of sample b, then scale = gn_w * rstd, shift = gn_b - mean * scale.
+// fp32: scale[Cin], shift[Cin] as floats. 16-bit: scale, shift_hi, shift_lo as S[Cin] each, for
+// packed fma (GnCoef): shift_lo holds what S cannot of the shift, so that a large mean/std ratio
+// costs no more than one rounding of the normalized value.
 // `mean_rstd` (2 floats) and `dred` (96 doubles) are the kernel's static smem scratch.
 // The affine weights of the first PF * NT channels (4: 512 channels at 128 threads) are loaded
 // before the merge, so their latency overlaps the partials' instead of following it (one exposed
 // global latency less).
-template <int NT, int PF>
+template <class D, int NT, int PF>
 __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P, float gn_eps, const float *gn_w,
                                                  const float *gn_b, int Cin, int b, float *mean_rstd, double *dred) {
-    float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
     float pw[PF], pb[PF];
 #pragma unroll
     for (int r = 0; r < PF; ++r) {
@@ -64,20 +66,25 @@ __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P
     gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);
     __syncthreads();
     const float mean = mean_rstd[0], rstd = mean_rstd[1];
+    auto put = [&](int c, float w, float bb) {
+        const float s = w * rstd, sh = bb - mean * s;
+        if constexpr (D::TC) {
+            typename D::S *t = reinterpret_cast<typename D::S *>(dyn_smem);
+            const typename D::S hi = D::from_f(sh);
+            t[c] = D::from_f(s);
+            t[Cin + c] = hi;
+            t[2 * Cin + c] = D::from_f(sh - D::to_f(hi));
+        } else {
+            dyn_smem[c] = s;
+            dyn_smem[Cin + c] = sh;
+        }
+    };
 #pragma unroll
     for (int r = 0; r < PF; ++r) {
         const int c = threadIdx.x + r * NT;
-        if (c < Cin) {
-            const float s = pw[r] * rstd;
-            gn_scale[c] = s;
-            gn_shift[c] = pb[r] - mean * s;
-        }
+        if (c < Cin) put(c, pw[r], pb[r]);
     }
-    for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) {   // wider than PF * NT
-        const float s = gn_w[c] * rstd;
-        gn_scale[c] = s;
-        gn_shift[c] = gn_b[c] - mean * s;
-    }
+    for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) put(c, gn_w[c], gn_b[c]);   // wider than PF * NT
     __syncthreads();
 }
 
@@ -110,23 +117,59 @@ template <int BN, int NT, bool GATE, bool ENABLE> struct EpiloguePrefetch {
     }
 };
 
-// The normalization of one A vector (channels c..c+VEC-1): one expression for both kernels, so they
-// round identically.
-template <class D, int VEC>
-__device__ __forceinline__ void gn_apply(Vec<typename D::S, VEC> &v, const float *scale, const float *shift) {
+// The GroupNorm coefficients of one A vector (channels c..c+VEC-1), loaded from the prologue's table
+// into registers once per k-tile, applied to each of the thread's rows: one expression for both
+// kernels, so they round identically. 16-bit: v * scale + shift_hi, then + shift_lo, each a packed
+// fma with one rounding (2 instructions per pair instead of 2 conversions, 2 FFMA and a pack);
+// the normalized value is within about one rounding of the fp32 computation.
+template <class D, int VEC, bool TC = D::TC> struct GnCoef {
+    float sc[VEC], sh[VEC];
+    __device__ __forceinline__ void load(int Cin, int c) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v.v[j] = D::from_f(D::to_f(v.v[j]) * scale[j] + shift[j]);
-}
+        for (int j = 0; j < VEC; ++j) { sc[j] = dyn_smem[c + j]; sh[j] = dyn_smem[Cin + c + j]; }
+    }
+    __device__ __forceinline__ void apply(Vec<typename D::S, VEC> &v) const {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v.v[j] = D::from_f(D::to_f(v.v[j]) * sc[j] + sh[j]);
+    }
+};
+template <class D, int VEC> struct GnCoef<D, VEC, true> {
+    typedef typename D::S S;
+    static constexpr int P = VEC / 2;   // packed pairs; an odd VEC (1) goes element by element
+    union Pk { Vec<S, VEC> v; u32 p[P > 0 ? P : 1]; };
+    Pk sc, hi, lo;
+    __device__ __forceinline__ void load(int Cin, int c) {
+        const S *t = reinterpret_cast<const S *>(dyn_smem) + c;   // c % VEC == 0, Cin % VEC == 0: aligned
+        sc.v = vload<S, VEC>(t);
+        hi.v = vload<S, VEC>(t + Cin);
+        lo.v = vload<S, VEC>(t + 2 * Cin);
+    }
+    __device__ __forceinline__ void apply(Vec<S, VEC> &v) const {
+        if constexpr (VEC % 2 == 0) {
+            Pk x;
+            x.v = v;
+#pragma unroll
+            for (int j = 0; j < P; ++j) x.p[j] = D::fma2(D::fma2(x.p[j], sc.p[j], hi.p[j]), D::ONE2, lo.p[j]);
+            v = x.v;
+        } else {
+            const S one = (S)(D::ONE2 & 0xffffu);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v.v[j] = D::fma1(D::fma1(v.v[j], sc.v.v[j], hi.v.v[j]), one, lo.v.v[j]);
+        }
+    }
+};
 
 // Element offsets of (row, k) in a [rows][BK] smem tile. Padded: rows of LD = BK + 8 halves
 // (conflict-free ldmatrix, register-staged stores). Swizzled (conv_pipe.cu): rows of exactly BK,
 // 16-byte chunk j of row r stored at chunk j ^ f(r), so the 8 rows of one ldmatrix phase and a
 // warp's 16-byte cp.async writes hit distinct banks without the padding (20% less smem per stage).
 template <int LD> struct PaddedTile {
+    static constexpr int ROW = LD;
     static __device__ __forceinline__ int off(int r, int k) { return r * LD + k; }
 };
 template <int BK> struct SwizzledTile {
     static_assert(BK == 32 || BK == 64, "swizzle for 64- and 128-byte rows");
+    static constexpr int ROW = BK;   // off(r + 8j, k) = off(r, k) + 8j * ROW: the swizzle repeats every 8 rows
     static __device__ __forceinline__ int off(int r, int k) {   // k: a multiple of 8
         const int f = BK == 64 ? (r & 7) : ((r >> 1) & 3);     // 128-byte rows: 8 chunks; 64: 2 rows per 128 B
         return r * BK + (((k >> 3) ^ f) << 3);
@@ -152,20 +195,36 @@ template <int BM, int BK, int VEC, int NT> struct ARows {
     }
 };
 
-// One BK-deep k-tile of a warp's WTM x WTN tile: ldmatrix fragments, mma.sync m16n8k16.
-template <class D, int MF, int NF, int BK, class LA, class LB>
-__device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], const typename D::S *A, const typename D::S *B,
-                                          int arow, int brow, int lane) {
+// The ldmatrix addresses of one warp's fragments in a k-tile, as byte offsets from the tile's base
+// (layouts LA, LB; warp tile rows arow / brow), computed once per kernel so that the k loop does no
+// row or swizzle arithmetic: one offset per 16-deep k step for A and one for B; fragment j of a
+// step lies 16 * j rows further (a row stride of the layout: both layouts' swizzle repeats every 8
+// rows), a constant the ldmatrix instruction adds itself. Not pinned (common.cuh): pinning them
+// made ptxas keep more fragments live and spill at the 128-register cap (sm_87, sm_90).
+template <class S, int BK, class LA, class LB> struct FragOffsets {
+    u32 a[BK / 16], b[BK / 16];
+    static constexpr u32 A16 = 16 * LA::ROW * sizeof(S), B16 = 16 * LB::ROW * sizeof(S);
+    __device__ __forceinline__ FragOffsets(int arow, int brow, int lane) {
 #pragma unroll
-    for (int ks = 0; ks < BK; ks += 16) {
+        for (int q = 0; q < BK / 16; ++q) {
+            a[q] = LA::off(arow + (lane & 15), q * 16 + (lane >> 4) * 8) * sizeof(S);
+            b[q] = LB::off(brow + (lane & 7) + ((lane >> 4) << 3), q * 16 + ((lane >> 3) & 1) * 8) * sizeof(S);
+        }
+    }
+};
+
+// One BK-deep k-tile of a warp's WTM x WTN tile at smem tiles A, B: ldmatrix fragments, mma.sync m16n8k16.
+template <class D, int MF, int NF, int BK, class F>
+__device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, saddr B, const F &f) {
+#pragma unroll
+    for (int q = 0; q < BK / 16; ++q) {
         u32 af[MF][4], bf[NF][2];
 #pragma unroll
-        for (int mf = 0; mf < MF; ++mf)
-            ldmatrix_x4(af[mf], &A[LA::off(arow + mf * 16 + (lane & 15), ks + (lane >> 4) * 8)]);
+        for (int mf = 0; mf < MF; ++mf) ldmatrix_x4(af[mf], A + f.a[q] + mf * F::A16);
 #pragma unroll
         for (int np = 0; np < NF / 2; ++np) {
             u32 r[4];
-            ldmatrix_x4(r, &B[LB::off(brow + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks + ((lane >> 3) & 1) * 8)]);
+            ldmatrix_x4(r, B + f.b[q] + np * F::B16);
             bf[2 * np][0] = r[0]; bf[2 * np][1] = r[1];
             bf[2 * np + 1][0] = r[2]; bf[2 * np + 1][1] = r[3];
         }
@@ -385,13 +444,12 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
-    const float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
 
     EpiloguePrefetch<BN, NT, GATE, TC> pre;
     pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
 
     // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
-    if (norm) conv_gn_prologue<NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
 
     // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
     typedef ARows<BM, BK, VEC, NT> AR;
@@ -438,10 +496,12 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     };
 
     auto store_a = [&](int buf) {
+        GnCoef<D, VEC> g;
+        if (norm && a_c >= 0) g.load(Cin, a_c);
 #pragma unroll
         for (int i = 0; i < AP; ++i) {
             Vec<S, VEC> v = areg[i];
-            if (norm && a_c >= 0 && ((amask >> i) & 1u)) gn_apply<D, VEC>(v, gn_scale + a_c, gn_shift + a_c);
+            if (norm && a_c >= 0 && ((amask >> i) & 1u)) g.apply(v);
             const int row = r0 + i * RPP;
             if (!a_row_ok) break;
             if constexpr (TC) {
@@ -501,10 +561,13 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
 #pragma unroll
             for (int q = 0; q < (TC ? 4 : 1); ++q) acc[i][j][q] = 0.0f;
 
+    typedef FragOffsets<S, BK, PaddedTile<LDA>, PaddedTile<LDB>> FO;
+    const FO fo(wm * WTM, wn * WTN, lane);
     auto compute = [&](int buf) {
         const S *A = As[buf], *B = Bs[buf];
         if constexpr (TC) {
-            mma_ktile<D, MF, NF, BK, PaddedTile<LDA>, PaddedTile<LDB>>(acc, A, B, wm * WTM, wn * WTN, lane);
+            mma_ktile<D, MF, NF, BK>(acc, smem_u32(As[0]) + buf * (A_SZ * (u32)sizeof(S)),
+                                     smem_u32(Bs[0]) + buf * (B_SZ * (u32)sizeof(S)), fo);
         } else {
 #pragma unroll
             for (int k = 0; k < BK; ++k) {

@@ -29,9 +29,55 @@
 //   before the GroupNorm merge, hiding its latency chain behind theirs. (a) it is.
 // Reference: runtime.reference.run_conv / run_gate (as conv.cu).
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool full) {
+// Per A row of the thread, computed once: the element offset of its tap (0, 0) from the sample's
+// base (negative in the top/left padding; only ever used offset back into the image) and one bit
+// per tap that is inside the image. A k-tile's source is then base + row offset + the k position's
+// offset, and its bounds test one bit test, where the general form costs a division, four
+// comparisons and 64-bit index arithmetic per row. That needs the tap grid to be linear in
+// (ky, kx): UP == 1 (3x3, 1x1, and the 2x2 stride-2 taps of pixel_unshuffle2); the up2 grid
+// (source pixel (oy + ky - 1) / 2) keeps the row's output pixel (oy << 16 | ox) and computes per tap.
+// Everything is pinned (common.cuh): left alone, the compiler recomputes the bits in the k loop.
+template <class S, int AP, int KH, int ST, int UP> struct ATaps {
+    static_assert(KH * KH <= 32, "one bit per tap");
+    static constexpr int PAD = ST == 1 ? KH / 2 : 0;
+    const S *xs;
+    int off[AP];
+    u32 ok[AP];
+    template <class AR>
+    __device__ __forceinline__ ATaps(const AR &ar, const S *xs_, int Hin, int Win, int ldx) : xs(xs_) {
+        pin(xs);
+#pragma unroll
+        for (int i = 0; i < AP; ++i) {
+            const int y0 = ar.oy[i] * ST - PAD, x0 = ar.ox[i] * ST - PAD;
+            u32 bits = 0;
+#pragma unroll
+            for (int t = 0; t < KH * KH; ++t) {
+                const int vy = y0 + t / KH, vx = x0 + t % KH;
+                bits |= (u32)(vy >= 0 && vy < Hin * UP && vx >= 0 && vx < Win * UP) << t;
+            }
+            ok[i] = bits;   // 0 for a row past M (its oy is far out of range)
+            off[i] = !bits ? 0 : UP == 1 ? (y0 * Win + x0) * ldx : (ar.oy[i] << 16) | ar.ox[i];
+            pin(ok[i]);
+            pin(off[i]);
+        }
+    }
+    // Source of row i at the thread's k position (tap, kx, c; k_off = (ky * Win + kx) * ldx + c), or
+    // `dummy` (a valid address, nothing is read) when the tap is in the padding.
+    __device__ __forceinline__ const S *src(int i, int k_off, int tap, int kx, int c, u32 bit, int Win, int ldx,
+                                            const S *dummy, bool &in) const {
+        in = (ok[i] & bit) != 0;
+        if constexpr (UP == 1) {
+            return in ? xs + (off[i] + k_off) : dummy;
+        } else {
+            const int vy = (off[i] >> 16) * ST + tap / KH - PAD, vx = (off[i] & 0xffff) * ST + kx - PAD;
+            return in ? xs + ((vy >> 1) * Win + (vx >> 1)) * ldx + c : dummy;
+        }
+    }
+};
+
+__device__ __forceinline__ void cp_async16(saddr smem, const void *gmem, bool full) {
     // src-size 0: nothing is read, the 16 bytes are zero-filled (padding and out-of-bounds rows)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                  "r"(full ? 16 : 0)
                  : "memory");
 }
@@ -62,7 +108,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
-    const float *gn_scale = dyn_smem, *gn_shift = dyn_smem + Cin;
+    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits, ntiles = ke - kb;
 
     // ---- A copies: the thread -> (rows, k vector) map of conv_gemm's loader ----------------------
     typedef ARows<BM, BK, VEC, NT> AR;
@@ -70,32 +116,64 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     const AR ar(tid, m0, M, Wout);
     const int kv = ar.kv, r0 = ar.r0;
     const bool a_row_ok = ar.ok;
-    const int(&oy)[AP] = ar.oy;
-    const int(&ox)[AP] = ar.ox;
-    // B copies: weights padded on upload, never out of bounds
+    const ATaps<S, AP, KH, ST, UP> at(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx);
+    // The thread's k position walks forward one k-tile per issue (tiles are issued in order kb,
+    // kb+1, ...): channel c, tap (ky, kx), its bit and its element offset, updated by additions
+    // (one division, here, per kernel instead of one per k-tile).
+    int k_c, k_tap, k_kx, k_off;
+    u32 k_bit;
+    {
+        const int k = kb * BK + kv * VEC;
+        k_tap = k / Cin;
+        k_c = k - k_tap * Cin;
+        const int ky = k_tap / KH;
+        k_kx = k_tap - ky * KH;
+        k_off = (ky * Win + k_kx) * ldx + k_c;
+        k_bit = k_tap < 32 ? 1u << k_tap : 0u;
+    }
+    // B copies: weights padded on upload, never out of bounds; pointers at k-tile 0
     constexpr int BVEC = BN * BK / VEC, BP = BVEC / NT;
     static_assert(BVEC % NT == 0, "B tile split");
+    const S *bsrc[BP];
+#pragma unroll
+    for (int i = 0; i < BP; ++i) {
+        const int v = tid + i * NT, n = v / KV;
+        bsrc[i] = wt + (size_t)(n0 + n) * ldw + (v % KV) * VEC;
+        pin(bsrc[i]);
+    }
+    // smem destinations and fragment addresses, as .shared offsets (stage 0; stage st adds st * stride)
+    constexpr u32 A_STAGE = BM * BK * sizeof(S), B_STAGE = BN * BK * sizeof(S);
+    const saddr a_s0 = smem_u32(As[0]), b_s0 = smem_u32(Bs[0]);
+    // row r0 + i * RPP (and B row n + i * RPP) lies i * RPP * BK elements further: same swizzle
+    static_assert(RPP % 8 == 0 || (AP == 1 && BP == 1), "rows RPP apart share the swizzle");
+    saddr a_dst = a_s0 + L::off(r0, kv * VEC) * sizeof(S), b_dst = b_s0 + L::off(tid / KV, (tid % KV) * VEC) * sizeof(S);
+    pin(a_dst);
+    pin(b_dst);
+    constexpr u32 ROWS_STEP = RPP * BK * sizeof(S);
 
-    // Issue k-tile kt into stage st. mask: rows whose vector is real segment-0 data (to normalize);
-    // chan: its channel, -1 in segment 1 (residual_conv columns are not normalized).
+    // Issue k-tile kt (= the next in order) into stage st. mask: rows whose vector is real segment-0
+    // data (to normalize); chan: its channel, -1 in segment 1 (residual_conv columns are not normalized).
     auto issue = [&](int kt, int st, u32 &mask, int &chan) {
-        S *A = As[st], *B = Bs[st];
+        const saddr A = a_dst + st * A_STAGE, B = b_dst + st * B_STAGE;
         mask = 0;
         chan = -1;
         if (kt < nk0) {
-            const int k = kt * BK + kv * VEC;
-            const int tap = k / Cin, c = k - tap * Cin;
-            const int ky = tap / KH, kx = tap - (tap / KH) * KH;
-            const bool kok = tap < KH * KH;
-            chan = c;
+            chan = k_c;
 #pragma unroll
             for (int i = 0; i < AP; ++i) {
-                const int vy = oy[i] * ST + ky - PAD, vx = ox[i] * ST + kx - PAD;
-                const bool ok = kok && vy >= 0 && vy < Hin * UP && vx >= 0 && vx < Win * UP;
-                const int iy = UP == 2 ? (vy >> 1) : vy, ix = UP == 2 ? (vx >> 1) : vx;
-                const S *src = ok ? x + ((size_t)(b * Hin + iy) * Win + ix) * ldx + c : wt;
-                if (a_row_ok) cp_async16(&A[L::off(r0 + i * RPP, kv * VEC)], src, ok);
+                bool ok;
+                const S *src = at.src(i, k_off, k_tap, k_kx, k_c, k_bit, Win, ldx, wt, ok);
+                if (a_row_ok) cp_async16(A + i * ROWS_STEP, src, ok);
                 mask |= (u32)ok << i;
+            }
+            k_c += BK;   // to the next k-tile
+            k_off += BK;
+            while (k_c >= Cin) {
+                k_c -= Cin;
+                k_off += ldx - Cin;
+                k_bit <<= 1;   // 0 after 32 taps: K padding past the last tap is never in bounds
+                ++k_tap;
+                if (++k_kx == KH) { k_kx = 0; k_off += (Win - KH) * ldx; }
             }
         } else {
             const int c = (kt - nk0) * BK + kv * VEC;
@@ -104,34 +182,25 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
                 const int m = m0 + r0 + i * RPP;
                 const bool ok = a_row_ok && m < M && c < Cr;
                 const S *src = ok ? xr + ((size_t)b * M + m) * ldr + c : wt;
-                if (a_row_ok) cp_async16(&A[L::off(r0 + i * RPP, kv * VEC)], src, ok);
+                if (a_row_ok) cp_async16(A + i * ROWS_STEP, src, ok);
             }
         }
 #pragma unroll
-        for (int i = 0; i < BP; ++i) {
-            const int v = tid + i * NT, n = v / KV, kk = (v % KV) * VEC;
-            cp_async16(&B[L::off(n, kk)], wt + (size_t)(n0 + n) * ldw + kt * BK + kk, true);
-        }
+        for (int i = 0; i < BP; ++i) cp_async16(B + i * ROWS_STEP, bsrc[i] + kt * BK, true);   // NT / KV = RPP rows apart
     };
 
     // After the wait: the thread normalizes the vectors it copied (its own cp.async writes are
     // visible to it after wait_group; the barrier that follows publishes them).
     auto normalize = [&](int st, u32 mask, int chan) {
         if (!norm || chan < 0 || !a_row_ok) return;
-        float sc[VEC], sh[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; j += 4) {   // chan % 8 == 0, Cin % 8 == 0: 16-byte aligned
-            const float4 a = *reinterpret_cast<const float4 *>(gn_scale + chan + j);
-            const float4 s = *reinterpret_cast<const float4 *>(gn_shift + chan + j);
-            sc[j] = a.x; sc[j + 1] = a.y; sc[j + 2] = a.z; sc[j + 3] = a.w;
-            sh[j] = s.x; sh[j + 1] = s.y; sh[j + 2] = s.z; sh[j + 3] = s.w;
-        }
+        GnCoef<D, VEC> g;
+        g.load(Cin, chan);
 #pragma unroll
         for (int i = 0; i < AP; ++i) {
             if (!((mask >> i) & 1u)) continue;
             S *p = &As[st][L::off(r0 + i * RPP, kv * VEC)];
             Vec<S, VEC> v = vload<S, VEC>(p);
-            gn_apply<D, VEC>(v, sc, sh);
+            g.apply(v);
             vstore<S, VEC>(p, v);
         }
     };
@@ -139,6 +208,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     constexpr int WTM = BM / WM, WTN = BN / WN, MF = WTM / 16, NF = WTN / 8;
     static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile");
     const int wm = warp / WN, wn = warp % WN;
+    const FragOffsets<S, BK, L, L> fo(wm * WTM, wn * WTN, lane);
     float acc[MF][NF][4];
 #pragma unroll
     for (int i = 0; i < MF; ++i)
@@ -150,7 +220,6 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // ---- pipeline. Tile i lives in stage i % STAGES; qmask/qchan hold the masks of the STAGES-1
     // tiles in flight, oldest first (a shift register: constant indices, stays in registers).
     // One commit per slot even when nothing was issued, so wait_group counts stay uniform.
-    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits, ntiles = ke - kb;
     u32 qmask[STAGES - 1];
     int qchan[STAGES - 1];
 #pragma unroll
@@ -163,7 +232,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
     EpiloguePrefetch<BN, NT, GATE, true> pre;
     pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
-    if (norm) conv_gn_prologue<NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
 
     int st = 0;
     for (int i = 0; i < ntiles; ++i) {
@@ -180,7 +249,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
         if (i + STAGES - 1 < ntiles) issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
         cp_async_commit();
-        mma_ktile<D, MF, NF, BK, L, L>(acc, As[st], Bs[st], wm * WTM, wn * WTN, lane);
+        mma_ktile<D, MF, NF, BK>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
         st = st + 1 == STAGES ? 0 : st + 1;
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
@@ -189,7 +258,14 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 }
 
 // One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES>.
+// Tiles with at most 32 accumulators per thread are held to 128 registers (16 warps per SM): left
+// alone, ptxas lands a few registers above, which costs a CTA per SM (measured: the 128x32 tile
+// at 134 registers ran 17% slower than at 128). The up2 kernels' per-tap source arithmetic spills
+// at that cap: 168 registers (12 warps per SM) for them.
+#define PIPE_MIN_CTAS(BM, BN, WM, WN, UP) \
+    ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 ? 16 : 12) / ((WM) * (WN)) : 1)
 #define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES)           \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN) name(CONV_PARAMS) {               \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN, PIPE_MIN_CTAS(BM, BN, WM, WN, UP))     \
+        name(CONV_PARAMS) {                                                                      \
         conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES>(CONV_ARGS);         \
     }

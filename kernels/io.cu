@@ -5,8 +5,9 @@
 //   Launch: grid (ceil(H/8)*ceil(W/8), 1, B), block 256; dynamic smem (8+K-1)^2*Cin + K*K*Cin*CoutP
 //   floats (halo tile + all weights, [ky][kx][ci][CoutP], CoutP = Cout rounded up to 8 with zeros).
 //   Each thread owns (pixel, 8 output channels) items; Cin is a template parameter (CIN, the image
-//   channels), so the 7x7xCIN tap loop unrolls into straight smem loads and FMAs (a runtime Cin
-//   loop made the default model's init_conv the slowest launch: 15 us at batch 1, 72 us at 16).
+//   channels), so each kernel row's KxCIN taps unroll into straight smem loads and FMAs (a runtime
+//   Cin loop made the default model's init_conv the slowest launch: 15 us at batch 1, 72 us at 16);
+//   the rows stay a loop (all 7x7x3 taps unrolled: 53 us at batch 16, the slowest launch again).
 // final_conv: eps = conv_1x1(x) + bias, x in the activation dtype (pixel stride ldx), eps fp32 with
 //   pixel stride Cout (<= 8). Launch: grid ceil(B*H*W/128), block 128, dynamic smem Cout*Cin floats.
 // Reference: runtime.reference.conv2d.
@@ -59,7 +60,7 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
         float acc[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
-#pragma unroll
+#pragma unroll 1   // unrolled, the K*K*CIN taps made ~26 KB of code per thread: instruction-fetch bound
         for (int ky = 0; ky < K; ++ky)
 #pragma unroll
             for (int kx = 0; kx < K; ++kx)

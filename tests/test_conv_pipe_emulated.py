@@ -28,10 +28,14 @@ F16_EMU = """struct F16 {
     static const bool TC = true;
     static float to_f(u16 v) { return emu_h2f(v); }
     static u16 from_f(float f) { return emu_f2h(f); }
+    static u16 fma1(u16 a, u16 b, u16 c) { return emu_fma16<emu_h2f, emu_f2h>(a, b, c); }
+    static u32 fma2(u32 a, u32 b, u32 c) { return emu_fma16x2<emu_h2f, emu_f2h>(a, b, c); }
+    static const u32 ONE2 = 0x3C003C00u;
     static void mma(float c[4], const u32 a[4], const u32 b[2]) { emu_mma<emu_h2f>(c, a, b); }
 };"""
-BF16_EMU = F16_EMU.replace("F16", "BF16").replace("emu_h2f", "emu_b2f").replace("emu_f2h", "emu_f2b")
-CP_EMU = """inline void cp_async16(void *smem, const void *gmem, bool full) { emu_cp_async16(smem, gmem, full); }
+BF16_EMU = (F16_EMU.replace("F16", "BF16").replace("emu_h2f", "emu_b2f").replace("emu_f2h", "emu_f2b")
+            .replace("0x3C003C00u", "0x3F803F80u"))
+CP_EMU = """inline void cp_async16(saddr smem, const void *gmem, bool full) { emu_cp_async16((void *)smem, gmem, full); }
 inline void cp_async_commit() { emu_commit(); }
 template <int N> inline void cp_async_wait() { emu_wait(N); }
 
@@ -49,16 +53,18 @@ def emu_source(keys) -> str:
     common = (k / "common.cuh").read_text()
     common = sub1(r"struct F16 \{.*?\n\};", F16_EMU, common)
     common = sub1(r"struct BF16 \{.*?\n\};", BF16_EMU, common)
+    common = sub1(r"typedef u32 saddr;", "typedef uintptr_t saddr;", common)   # host pointers
+    common = sub1(r"__device__ __forceinline__ saddr smem_u32\(.*?\n\}",
+                  "inline saddr smem_u32(const void *p) { return (saddr)p; }", common)
     common = sub1(r"__device__ __forceinline__ void ldmatrix_x4\(.*?\n\}",
-                  "inline void ldmatrix_x4(u32 r[4], const void *p) { emu_ldmatrix_x4(r, p); }", common)
+                  "inline void ldmatrix_x4(u32 r[4], saddr a) { emu_ldmatrix_x4(r, (const void *)a); }", common)
     conv = sub1(r"extern __shared__ __align__\(16\) float dyn_smem\[\];", "", (k / "conv.cu").read_text())
     pipe = sub1(r"__device__ __forceinline__ void cp_async16\(.*?(?=template <class D)", CP_EMU,
                 (k / "conv_pipe.cu").read_text())
     wrap = ("#define EMU_WRAP(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, CONV_PARAMS) "
             "{ emu_launch([&] { name(CONV_ARGS); }, gx, gy, gz, nt); }")
     lines = [key.instance() for key in keys] + [f"EMU_WRAP({key.symbol})" for key in keys]
-    return "\n".join([f'#include "{EMU}"', "inline unsigned __cvta_generic_to_shared(const void *) { return 0; }",
-                      common, conv, pipe, wrap] + lines) + "\n"
+    return "\n".join([f'#include "{EMU}"', common, conv, pipe, wrap] + lines) + "\n"
 
 
 def values(bits: np.ndarray, dtype: str) -> np.ndarray:

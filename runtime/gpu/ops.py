@@ -156,10 +156,12 @@ def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool
     if tc and bn == 128:
         choices = (64, 32)                                  # 128x128 would need ~255 registers
     target = 2 * sms
-    for bm in choices:
-        if batch * cdiv(m, bm) * cdiv(n, bn) >= target:
-            return bm, bn, 2, 2
-    return choices[-1], bn, 2, 2
+    bm = next((b for b in choices if batch * cdiv(m, b) * cdiv(n, bn) >= target), choices[-1])
+    if tc and bm * bn > 64 * 64:
+        # 8 warps (32x32 each): 4 warps would hold 64 accumulators per thread, ~190-255 registers,
+        # and measured slower at every shape where both ran (docs/perf-notes.md, session 3)
+        return (bm, bn, 4, 2) if bm >= bn else (bm, bn, 2, 4)
+    return bm, bn, 2, 2
 
 
 def choose_bk(precision: str, bm: int, bn: int, vec: int, gate: bool) -> int:

@@ -79,6 +79,18 @@ inline uint16_t emu_f2b(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// fma.rn.{f16,bf16}[x2]: the exact a*b + c (in double) rounded once to float, then to 16 bits (a
+// double rounding the hardware does not do; it differs only in ties that tests never rely on).
+template <float (*TOF)(uint16_t), uint16_t (*FROMF)(float)>
+inline uint16_t emu_fma16(uint16_t a, uint16_t b, uint16_t c) {
+    return FROMF((float)((double)TOF(a) * (double)TOF(b) + (double)TOF(c)));
+}
+template <float (*TOF)(uint16_t), uint16_t (*FROMF)(float)>
+inline uint32_t emu_fma16x2(uint32_t a, uint32_t b, uint32_t c) {
+    return (uint32_t)emu_fma16<TOF, FROMF>(a & 0xffffu, b & 0xffffu, c & 0xffffu) |
+           ((uint32_t)emu_fma16<TOF, FROMF>(a >> 16, b >> 16, c >> 16) << 16);
+}
+
 // ---- ldmatrix.x4: lanes 8j..8j+7 give the 8 row addresses of matrix j; lane l receives, in r[j],
 // row l/4, columns 2*(l%4) and +1 of matrix j.
 inline void emu_ldmatrix_x4(uint32_t r[4], const void *p) {
