@@ -293,8 +293,16 @@ __device__ Attempt zig_attempt(const unsigned *__restrict__ words, unsigned p, u
         if (p + 1 >= W) return a;
         const float fi0 = __uint_as_float(ZIG_FI[layer - 1]), fi1 = __uint_as_float(ZIG_FI[layer]);
         const float lhs = __fadd_rn(__fmul_rn(__fsub_rn(fi0, fi1), next_float(words[p + 1])), fi1);
-        const double x = (double)a.value, e = exp(__dmul_rn(__dmul_rn(-0.5, x), x));   // argument exact
+        const double x = (double)a.value, arg = __dmul_rn(__dmul_rn(-0.5, x), x);   // exact: 48-bit product
         a.cons = 2u;
+        // Float first (FP64 is slow on a Jetson): expf of the rounded argument is within 6.4e-7 of
+        // exp(arg), so outside 2^-18 (or the window, if wider) the double cannot decide otherwise.
+        const float ef = expf((float)arg), tol = __fmul_rn(ef, __int_as_float((max(window, 34) - 52 + 127) << 23));
+        if (fabsf(__fsub_rn(lhs, ef)) > tol) {
+            a.acc = lhs < ef;
+            return a;
+        }
+        const double e = exp(arg);
         a.acc = (double)lhs < e;
         a.amb = within_ulps((double)lhs, e, window);
         return a;
@@ -371,7 +379,7 @@ __device__ unsigned group_prefix(const unsigned *mask, unsigned *pre, unsigned G
     const unsigned per = (G + blockDim.x - 1) / blockDim.x, g0 = min(G, threadIdx.x * per), g1 = min(G, g0 + per);
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     unsigned sum = 0u;
-    for (unsigned g = g0; g < g1; ++g) sum += __popc(mask[g]);
+    for (unsigned g = g0; g < g1; ++g) sum += __popc(__ldcg(mask + g));   // L2: hmask was set by atomics
     unsigned incl = sum;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -393,7 +401,7 @@ __device__ unsigned group_prefix(const unsigned *mask, unsigned *pre, unsigned G
     unsigned run = sh[warp] + incl - sum;
     for (unsigned g = g0; g < g1; ++g) {
         pre[g] = run;
-        run += __popc(mask[g]);
+        run += __popc(__ldcg(mask + g));
     }
     const unsigned total = sh[32];
     __syncthreads();   // sh is reused by the next call

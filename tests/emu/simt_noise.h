@@ -3,6 +3,8 @@
 // operators: the test compiles with -ffp-contract=off, so none is fused), global atomicOr.
 #include <climits>
 
+using std::max;
+
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
