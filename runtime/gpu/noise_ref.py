@@ -37,7 +37,6 @@ MIN_NUMPY = (1, 22)      # next_float with 24 bits (NumPy PR 20314) and log1pf i
 # 0.0222 and variance 0.0365 (measured over 6e5 normals); mean + 12 sigma + 64 is never reached in
 # practice (the tail of the sum decays at least exponentially), and W - 1 >= consumed is required.
 HOLE_MEAN, HOLE_SD = 0.023, 0.2
-M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 MULT = 0x2360ED051FC65DA44385DF649FCCF645
 
 
