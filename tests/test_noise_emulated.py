@@ -3,7 +3,8 @@ real host driver, runtime.gpu.noise.DeviceNoise, through a backend whose memory 
 whose kernels are the emulated ones: the draws must equal NumPy's standard_normal(float32) bit for
 bit, the state after them NumPy's, in both output layouts; the ambiguity hook and a draw that runs
 out of words must raise the flags. The kernel's log1pf is checked against this libm's log1pf on all
-2^24 inputs the tail can take. No GPU needed; skipped without g++."""
+2^24 inputs the tail can take. Last, GpuSampler's device noise end to end over the same emulated
+kernels (the U-Net's launches are no-ops). No GPU needed; skipped without g++."""
 from __future__ import annotations
 
 import ctypes
@@ -199,3 +200,86 @@ def test_kernel_log1pf_is_this_libm_and_the_numpy_port(lib):
     if noise_ref.numpy_noise_mode() == (noise_ref.LOG1PF_FDLIBM, True):   # this libm is glibc's fdlibm
         lib.libm_mismatches.restype = ctypes.c_long
         assert lib.libm_mismatches() == 0
+
+
+class Event:
+    def record(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class SamplerBackend(EmuBackend):
+    """The sampler over host memory: noise_* kernels emulated, every other kernel a no-op (so x
+    keeps x_T and the noise rows stay as drawn)."""
+    name = "emu-noise"
+
+    def __init__(self, lib) -> None:
+        self.lib = lib
+
+    def arch(self) -> int:
+        return 87
+
+    def sm_count(self) -> int:
+        return 8
+
+    def device_name(self) -> str:
+        return "emu"
+
+    def mem_info(self):
+        return 8 << 30, 8 << 30
+
+    def stream(self) -> Stream:
+        return Stream()
+
+    def event(self, timing: bool = True) -> Event:
+        return Event()
+
+    def wait(self, stream, event) -> None:
+        pass
+
+    def compile(self, source, name, options, symbols=()):
+        return self
+
+    def get(self, symbol: str):
+        return EmuFunction(self.lib, symbol) if symbol.startswith("noise_") else NoOp()
+
+
+class NoOp:
+    def launch(self, *args, **kw) -> None:
+        pass
+
+
+@pytest.mark.parametrize("window", [noise_ref.WINDOW_LOG2, 45], ids=["exact", "flagged"])
+def test_sampler_device_noise_feeds_the_spec_stream(lib, monkeypatch, window):
+    """gpu mode with noise="device" end to end on the emulated kernels: x_T lands in the executor's
+    NHWC input and each noisy step's row in the sampler's row buffer, both the spec's stream; a
+    flagged run (the ambiguity hook) is redrawn on the host into the same buffers."""
+    from runtime.config import Schedule, UNetConfig
+    from runtime.gpu.kernels import KernelSet
+    from runtime.gpu.sampling import GpuSampler
+    from runtime.schedule import NoiseStream, make_steps
+    from runtime.weights import random_params
+
+    cfg = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32, schedule=Schedule(timesteps=10, beta_end=0.005))
+
+    class Wt:
+        config, params = cfg, random_params(cfg, 0)
+
+    monkeypatch.setattr(KernelSet, "_cache", {})
+    monkeypatch.setattr(DeviceNoise, "window_log2", window)
+    notes = []
+    s = GpuSampler(Wt(), "fp32", 2, mode="gpu", graphs=False, backend=SamplerBackend(lib), noise="device",
+                   notice=notes.append)
+    steps = make_steps(cfg.schedule, "ddpm")
+    x = s.run(steps, seed=4)                  # the no-op steps leave x_T in place
+    ref = NoiseStream(4, (2, 3, 16, 16))
+    bits_equal(x.reshape(-1), ref.draw().reshape(-1), "x_T")
+    n, noisy = x.size, sum(st.sigma > 0 for st in steps)
+    rows = np.empty((noisy, n), np.float32)
+    ctypes.memmove(rows.ctypes.data, s._off["noise"], rows.nbytes)
+    for r in range(noisy):
+        bits_equal(rows[r], ref.draw().reshape(-1), f"row {r}")
+    assert len(notes) == (window > noise_ref.WINDOW_LOG2)
+    s.close()
