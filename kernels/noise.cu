@@ -6,7 +6,7 @@
 //
 // A normal consumes a variable number of words. Its first word r gives the layer (r & 0xff), the
 // sign (bit 8) and rabs (bits 9..31); x = rabs * wi[layer] is accepted at once when rabs <
-// ki[layer] (~99.3%). The other words ("specials") read more words: the wedge test one, the tail
+// ki[layer] (98.5% of words). The others ("specials") read more words: the wedge test one, the tail
 // two per try. So one draw of n normals is three launches, never a host sync:
 //   noise_words: the first W words of the stream (W = n + a margin, a multiple of 32), 32 per
 //     thread after an O(log) jump ahead of the LCG, and a bit per word: special or not.

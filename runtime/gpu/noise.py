@@ -61,7 +61,7 @@ class DeviceNoise:
             raise ValueError(f"device noise rows hold 1 .. 2^30 normals, got {n}")
         self.backend, self.n = backend, int(n)
         self.W = n_words(self.n)
-        self.groups, self.cap = self.W // 32, max(64, self.W // 8)   # cap: specials (~W/140 expected)
+        self.groups, self.cap = self.W // 32, max(64, self.W // 8)   # cap: specials (1.5% of W expected)
         if module is None:
             from .kernels import KernelSet
             module = KernelSet(backend, [], name="noise").module
