@@ -14,7 +14,9 @@ exp(): a comparison within 2^window ulps of flipping is "ambiguous" (the device 
 the host redraws). The tail calls log1pf: glibc's is fdlibm's float algorithm, not correctly
 rounded (1 ulp off for 7% of the tail's inputs), newer libms round correctly; `numpy_noise_mode`
 asks NumPy itself, through generator states crafted to take the tail with chosen words. NumPy's own
-stream depends on the platform's libm in exactly these places.
+stream depends on the platform's libm in exactly these places. The wedge's float d * u + f is NumPy's
+only if NumPy's C was compiled without FP contraction (GCC in ISO C mode, as NumPy builds on Linux;
+a clang build may fuse it into an fma).
 """
 from __future__ import annotations
 
