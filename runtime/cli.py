@@ -23,7 +23,7 @@ from .files import atomic_open
 from .errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
 from .gpu.aot import COMPILERS
 from .gpu.kernels import set_compile_notice
-from .pipeline import (BACKEND_CHOICES, DEFAULT_GPU_MODE, DEFAULT_NOISE, GPU_PRECISIONS, MODES, NOISE_SOURCES, PRECISIONS,
+from .pipeline import (BACKEND_CHOICES, DEFAULT_GPU_MODE, DEFAULT_NOISE, GPU_PRECISIONS, MODES, NOISE_CHOICES, PRECISIONS,
                        default_weights_path)
 
 PROG = "jetson-sample"
@@ -57,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"GPU sampling: gpu (p_sample kernel, CUDA-graph steps), cpu (p_sample on the CPU, "
                         f"overlapped); auto = {DEFAULT_GPU_MODE}")
     p.add_argument("--no-graphs", action="store_true", help="gpu mode without CUDA graphs (plain launches); always so with --backend pycuda")
-    p.add_argument("--noise", choices=NOISE_SOURCES, default=DEFAULT_NOISE,
+    p.add_argument("--noise", choices=NOISE_CHOICES, default=DEFAULT_NOISE,
                    help="gpu mode: where the seed's noise stream is drawn: host (NumPy, uploaded while the GPU runs) or "
                         "device (the same stream bit for bit, drawn on the GPU; a run it cannot vouch for is redrawn "
-                        "on the host)")
+                        "on the host); auto = device with CuPy in gpu mode, else host")
     p.add_argument("--trace", metavar="JSON", default=None,
                    help="write a Chrome/Perfetto timeline of the GPU streams and the CPU (GPU backends)")
     p.add_argument("--nrow", type=int, default=0, help="images per grid row (0: square-ish)")

@@ -126,4 +126,5 @@ def test_auto_backend_falls_back_with_notice(tiny_weights):
         if pipe.backend != "numpy":
             pytest.skip("a GPU is usable here: no fallback to observe")
         assert pipe.precision == "fp32"
+        assert pipe.noise == "host"   # the default noise source (auto) is device only with CuPy in gpu mode
     assert len(notes) == 1 and "NumPy reference backend" in notes[0]
