@@ -24,7 +24,7 @@
 //   warp per fragment, needs the per-(row, tap) padding mask in smem (padded taps must stay 0 in
 //   the normalized domain) and breaks the bit-for-bit rounding of conv_gemm. (a) touches every
 //   element once, with the thread's own masks (kept in registers for the STAGES-1 tiles in
-//   flight), the same gn_apply expression as conv_gemm (so both round alike), no extra barrier;
+//   flight), the same GnCoef expression as conv_gemm (so both round alike), no extra barrier;
 //   and since the copies do not depend on the statistics, the first STAGES-1 tiles are issued
 //   before the GroupNorm merge, hiding its latency chain behind theirs. (a) it is.
 // Reference: runtime.reference.run_conv / run_gate (as conv.cu).

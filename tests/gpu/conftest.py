@@ -29,6 +29,19 @@ def backend() -> Any:
         pytest.skip(f"no usable GPU: {e}")
 
 
+@pytest.fixture(scope="module")
+def weights() -> Any:
+    """The shipped model, or random weights of the default config where it is absent."""
+    from runtime import models_dir
+    from runtime.config import UNetConfig
+    from runtime.weights import Weights, load_weights, random_params
+    path = models_dir() / "seed-unet-emoji64.npz"
+    if path.is_file():
+        return load_weights(path)
+    cfg = UNetConfig()
+    return Weights("random", cfg, random_params(cfg, 4), {"param_dtype": "float32"})
+
+
 def report(line: str) -> None:
     """Append a line to $GPU_REPORT (if set): per-op errors survive a passing, quiet run."""
     path = os.environ.get("GPU_REPORT")

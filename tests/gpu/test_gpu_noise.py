@@ -9,13 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import report
-from runtime import models_dir
-from runtime.config import UNetConfig
 from runtime.gpu.kernels import KernelSet
 from runtime.gpu.noise import FLAG_AMBIGUOUS, DeviceNoise
 from runtime.gpu.sampling import GpuSampler
 from runtime.schedule import make_steps
-from runtime.weights import Weights, random_params
 
 IMAGE = 3 * 64 * 64
 
@@ -23,16 +20,6 @@ IMAGE = 3 * 64 * 64
 @pytest.fixture(scope="module")
 def module(backend):
     return KernelSet(backend, [], name="noise").module
-
-
-@pytest.fixture(scope="module")
-def weights():
-    from runtime.weights import load_weights
-    path = models_dir() / "seed-unet-emoji64.npz"
-    if path.is_file():
-        return load_weights(path)
-    cfg = UNetConfig()
-    return Weights("random", cfg, random_params(cfg, 4), {"param_dtype": "float32"})
 
 
 def device_rows(backend, module, n, seed, rows, nhwc=None, timing=False):

@@ -20,15 +20,12 @@ import pytest
 import test_gpu_ops as ops_suite
 import test_gpu_unet as unet_suite
 from conftest import report
-from runtime import models_dir
-from runtime.config import UNetConfig
 from runtime.errors import BackendUnavailable
 from runtime.gpu.executor import GpuExecutor
 from runtime.gpu.kernels import KernelSet
 from runtime.gpu.sampling import GpuSampler
 from runtime.reference import Reference
 from runtime.schedule import make_steps, sample_loop
-from runtime.weights import Weights, load_weights, random_params
 
 _CACHES: Dict[str, Dict[Any, Any]] = {"cupy": KernelSet._cache}   # the CuPy suite's modules stay reusable
 RUN_TOL_FP32 = 1e-3     # as test_gpu_sampling: x_0 vs the NumPy loop after a whole run
@@ -72,15 +69,6 @@ def cupy_backend() -> Any:
         return get_backend("cupy")
     except (BackendUnavailable, ImportError) as e:
         pytest.skip(f"CuPy not usable, nothing to compare with: {e}")
-
-
-@pytest.fixture(scope="module")
-def weights() -> Any:
-    path = models_dir() / "seed-unet-emoji64.npz"
-    if path.is_file():
-        return load_weights(path)
-    cfg = UNetConfig()
-    return Weights("random", cfg, random_params(cfg, 4), {"param_dtype": "float32"})
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:

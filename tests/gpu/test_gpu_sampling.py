@@ -8,15 +8,12 @@ import numpy as np
 import pytest
 
 from conftest import report
-from runtime import models_dir
-from runtime.config import UNetConfig
 from runtime.errors import Cancelled
 from runtime.gpu.sampling import GpuSampler
 from runtime.pipeline import Pipeline
 from runtime.reference import Reference
 from runtime.schedule import make_steps, sample_loop
 from runtime.trace import Timeline
-from runtime.weights import Weights, random_params
 
 # x_0 after a whole run, relative L2 against the NumPy loop on the same noise. fp32: the U-Net's
 # 1e-4 per call stays of that order through the steps (each step contracts errors by c_x ~ 1);
@@ -25,16 +22,6 @@ from runtime.weights import Weights, random_params
 # (seen: 1.7e-4 on an H200), still 50 dB below the image's range.
 RUN_TOL_FP32 = 1e-3
 MODE_TOL = {"fp32": 1e-4, "fp16": 1e-3}
-
-
-@pytest.fixture(scope="module")
-def weights():
-    from runtime.weights import load_weights
-    path = models_dir() / "seed-unet-emoji64.npz"
-    if path.is_file():
-        return load_weights(path)
-    cfg = UNetConfig()
-    return Weights("random", cfg, random_params(cfg, 4), {"param_dtype": "float32"})
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:
