@@ -50,12 +50,15 @@ class BenchConfig:
     steps: int          # the number of steps actually run
     batch: int
     graphs: bool
+    noise: str = "host"   # gpu mode: where the noise stream is drawn (runtime.gpu.noise)
 
     @property
     def label(self) -> str:
         mode = "" if self.mode == "-" else " " + self.mode
         if self.mode == "gpu" and not self.graphs:
             mode += "-nograph"
+        if self.noise == "device":
+            mode += "-devnoise"
         return f"{self.backend} {self.precision}{mode} {self.sampler}{self.steps} b{self.batch}"
 
     @property
@@ -80,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: fp16 on the GPU, fp32 on numpy")
     p.add_argument("--mode", nargs="+", choices=GPU_MODES, default=["gpu"], help="GPU sampling modes")
     p.add_argument("--no-graphs", action="store_true", help="gpu mode with plain launches instead of a CUDA graph")
+    p.add_argument("--noise", choices=("auto", "host", "device"), default="auto",
+                   help="gpu mode: draw the noise stream on the host or the GPU; auto = as jetson-sample "
+                        "(device with CuPy, else host)")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="auto: CuPy when usable, else numpy")
     p.add_argument("--runs", type=int, default=3, help="measured runs per configuration")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured runs per configuration")
@@ -170,8 +176,11 @@ def build_grid(args: argparse.Namespace, backend: str, schedule: Any) -> List[Be
                 for n in counts:
                     make_steps(schedule, sampler, None if sampler == "ddpm" else n, args.eta)   # validates
                     graphs = mode == "gpu" and not args.no_graphs and backend != "pycuda"   # gpu mode only; pycuda: none
+                    noise = "host"
+                    if mode == "gpu":
+                        noise = ("device" if backend == "cupy" else "host") if args.noise == "auto" else args.noise
                     for b in _unique(args.batch):
-                        grid.append(BenchConfig(backend, precision, mode, sampler, n, b, graphs))
+                        grid.append(BenchConfig(backend, precision, mode, sampler, n, b, graphs, noise))
     return grid
 
 
@@ -202,7 +211,8 @@ class GpuEngine:
     def __init__(self, weights: Any, cfg: BenchConfig, backend: Any) -> None:
         from .gpu.sampling import GpuSampler
         self.backend = backend
-        self.sampler = GpuSampler(weights, cfg.precision, cfg.batch, cfg.mode, cfg.graphs, backend=backend)
+        self.sampler = GpuSampler(weights, cfg.precision, cfg.batch, cfg.mode, cfg.graphs, backend=backend,
+                                  noise=cfg.noise)
 
     def run(self, steps: list, seed: int, timeline: Any = None) -> Any:
         return to_uint8(self.sampler.run(steps, seed, None, timeline))

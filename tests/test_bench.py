@@ -190,7 +190,8 @@ def test_gpu_bookkeeping_with_a_fake_backend(weights_path, tmp_path, monkeypatch
     doc = json.loads((tmp_path / "o" / "bench.json").read_text())
     rec = doc["configs"][0]
     assert rec["config"] == {"backend": "cupy", "precision": "fp16", "mode": mode, "sampler": "ddim",
-                             "steps": 2, "batch": batch, "graphs": mode == "gpu"}
+                             "steps": 2, "batch": batch, "graphs": mode == "gpu",
+                             "noise": "device" if mode == "gpu" else "host"}   # --noise auto, as jetson-sample
     run = rec["runs"][0]
     assert run["gpu_ms_per_step"] > 0 and 0 < run["gpu_busy_fraction"] <= 1
     assert (run["cpu_ms_per_step"] > 0) == (mode == "cpu")
