@@ -37,6 +37,7 @@
 // (ky, kx): UP == 1 (3x3, 1x1, and the 2x2 stride-2 taps of pixel_unshuffle2); the up2 grid
 // (source pixel (oy + ky - 1) / 2) keeps the row's output pixel (oy << 16 | ox) and computes per tap.
 // Everything is pinned (common.cuh): left alone, the compiler recomputes the bits in the k loop.
+// Offsets within a sample are 32-bit: one sample's activation stays under 2^31 elements (4 GB).
 template <class S, int AP, int KH, int ST, int UP> struct ATaps {
     static_assert(KH * KH <= 32, "one bit per tap");
     static constexpr int PAD = ST == 1 ? KH / 2 : 0;
