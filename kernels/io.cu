@@ -2,8 +2,9 @@
 //
 // init_conv: out = conv_KxK(x) + bias, x the fp32 image (Cin = channels, pixel stride Cin), out in
 //   the activation dtype at pixel stride ldo (it sits in the final concat buffer).
-//   Launch: grid (ceil(H/8)*ceil(W/8), 1, B), block 256; dynamic smem (8+K-1)^2*Cin + K*K*Cin*CoutP
-//   floats (halo tile + all weights, [ky][kx][ci][CoutP], CoutP = Cout rounded up to 8 with zeros).
+//   Launch: grid (ceil(H/8)*ceil(W/8), 1, B), block 256; dynamic smem Cin*(8+K-1)*RS + K*K*Cin*CoutP
+//   floats (halo tile [ci][row][RS] + all weights [ky][kx][ci][CoutP], CoutP = Cout rounded up to 8
+//   with zeros; RS: below).
 //   Each thread owns (pixel, 8 output channels) items; Cin is a template parameter (CIN, the image
 //   channels), so each kernel row's KxCIN taps unroll into straight smem loads and FMAs (a runtime
 //   Cin loop made the default model's init_conv the slowest launch: 15 us at batch 1, 72 us at 16);
@@ -25,7 +26,11 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
     typedef typename D::S S;
     constexpr int TH = 8, TW = 8, HW = TW + K - 1, HH = TH + K - 1, P = K / 2, NT = 256;
     constexpr int NTILE = HH * HW * CIN, TPT = (NTILE + NT - 1) / NT, WCH = 20;
-    float *tile = dyn_smem, *ws = dyn_smem + NTILE;
+    // The halo tile channel-planar, rows RS floats apart with RS an odd multiple of 8 (ops.init_row):
+    // a warp's 32 pixels (4 rows of 8) then read 32 distinct banks. Pixel-interleaved (3 floats per
+    // pixel), the rows collided: 1.2 M bank conflicts at batch 16, the kernel bound by smem reads.
+    constexpr int RS = HW <= 8 ? 8 : 8 * (2 * ((HW - 8 + 15) / 16) + 1);
+    float *tile = dyn_smem, *ws = dyn_smem + CIN * HH * RS;
     S *out = (S *)out_;
     const int tiles_x = (W + TW - 1) / TW;
     const int y0 = (blockIdx.x / tiles_x) * TH, x0 = (blockIdx.x % tiles_x) * TW, b = blockIdx.z;
@@ -49,8 +54,11 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
             if (i0 + u * NT < nw) ws[i0 + u * NT] = v[u];
     }
 #pragma unroll
-    for (int u = 0; u < TPT; ++u)
-        if (threadIdx.x + u * NT < NTILE) tile[threadIdx.x + u * NT] = tv[u];
+    for (int u = 0; u < TPT; ++u) {
+        const int i = threadIdx.x + u * NT;
+        const int ci = i % CIN, p = i / CIN, py = p / HW, px = p - (p / HW) * HW;
+        if (i < NTILE) tile[(ci * HH + py) * RS + px] = tv[u];
+    }
     __syncthreads();
     const int groups = CoutP / 8;
     for (int it = threadIdx.x; it < TH * TW * groups; it += NT) {
@@ -66,7 +74,7 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
             for (int kx = 0; kx < K; ++kx)
 #pragma unroll
                 for (int ci = 0; ci < CIN; ++ci) {
-                    const float xv = tile[((py + ky) * HW + px + kx) * CIN + ci];
+                    const float xv = tile[(ci * HH + py + ky) * RS + px + kx];
                     const float4 *wr = reinterpret_cast<const float4 *>(ws + ((ky * K + kx) * CIN + ci) * CoutP + g * 8);
                     const float4 w0 = wr[0], w1 = wr[1];
                     acc[0] = fmaf(xv, w0.x, acc[0]); acc[1] = fmaf(xv, w0.y, acc[1]);

@@ -461,6 +461,11 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
     return OpSpec(op, key, grid, (DW_THREADS, 1, 1), 0, blobs, make_args, grid[0] * grid[1])
 
 
+def init_row(halo: int) -> int:
+    """init_conv's halo-tile row stride in floats (kernels/io.cu RS): an odd multiple of 8 >= halo."""
+    return 8 if halo <= 8 else 8 * (2 * ((halo - 8 + 15) // 16) + 1)
+
+
 def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     xt, ot = ctx.plan.tensors[op.x], ctx.plan.tensors[op.out]
     cin, cout, k, size = xt.channels, ot.channels, op.k, xt.size
@@ -469,7 +474,7 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     wp = np.zeros((k, k, cin, coutp), dtype=np.float32)
     wp[..., :cout] = w
     halo = INIT_TILE + k - 1
-    smem = 4 * (halo * halo * cin + k * k * cin * coutp)
+    smem = 4 * (cin * halo * init_row(halo) + k * k * cin * coutp)
     if smem > SMEM_LIMIT:
         raise ConfigError(f"{op.out}: init_conv needs {smem} B of shared memory (> {SMEM_LIMIT})")
     blobs = {"w": wp.reshape(-1), "bias": padded(ctx.params[op.prefix + ".bias"], coutp)}
