@@ -11,14 +11,13 @@ completion in turn; results never mix). A callback `cb(step, n_steps)` sees prog
 """
 from __future__ import annotations
 
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from .errors import BackendUnavailable, UsageError
+from .errors import BackendUnavailable, UsageError, stderr_notice
 from .gpu.noise import NOISE_SOURCES
 from .schedule import make_steps, sample_loop, to_uint8
 from .weights import Weights, load_weights
@@ -43,14 +42,10 @@ def default_weights_path() -> Path:
     return models_dir() / DEFAULT_MODEL
 
 
-def _stderr_notice(msg: str) -> None:
-    print(msg, file=sys.stderr)
-
-
 class Pipeline:
     def __init__(self, weights: Union[str, Path, Weights, None] = None, backend: str = "auto",
                  precision: str = "auto", mode: str = "auto", graphs: bool = True,
-                 notice: Callable[[str], None] = _stderr_notice, noise: str = DEFAULT_NOISE) -> None:
+                 notice: Callable[[str], None] = stderr_notice, noise: str = DEFAULT_NOISE) -> None:
         if mode not in MODES:
             raise UsageError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
         self.mode = DEFAULT_GPU_MODE if mode == "auto" else mode

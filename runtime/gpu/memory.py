@@ -32,6 +32,15 @@ def aligned(n: int, align: int = ALIGN) -> int:
     return -(-int(n) // align) * align
 
 
+def regions(sizes: Dict[str, int]) -> Tuple[Dict[str, int], int]:
+    """Named regions of one allocation, in order, each ALIGN-aligned: (offsets, total bytes)."""
+    offs, total = {}, 0
+    for k, v in sizes.items():
+        offs[k] = total
+        total += aligned(v)
+    return offs, total
+
+
 # ---- the executor's layout ---------------------------------------------------------------------------------
 def stats_layout(plan: Plan, specs: Sequence[OpSpec]) -> Tuple[Dict[str, int], Dict[str, Tuple[int, int]]]:
     """Each normalized conv reads GroupNorm partials written by the producer of its input:

@@ -27,7 +27,6 @@ NOISE_SOURCES = ("host", "device")   # where a sampler draws its noise: NumPy on
 STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("inc_hi", "<u8"),
                         ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
                         ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
-ALIGN = 256
 __all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "pack_state", "unpack_state"]
 
 
@@ -69,10 +68,8 @@ class DeviceNoise:
         sizes = {"state": STATE_DTYPE.itemsize, "words": 4 * self.W, "smask": 4 * self.groups,
                  "hmask": 4 * self.groups, "spre": 4 * self.groups, "hpre": 4 * self.groups,
                  "rp": 4 * self.cap, "ri": 4 * self.cap, "rv": 4 * self.cap}
-        offs, total = {}, 0
-        for k, v in sizes.items():
-            offs[k] = total
-            total += -(-v // ALIGN) * ALIGN
+        from .memory import regions   # here: the pipeline imports this module, and memory pulls in ops
+        offs, total = regions(sizes)
         self._buf = backend.alloc(total)
         self.nbytes = total
         self.ptr = {k: np.uint64(self._buf.ptr + o) for k, o in offs.items()}

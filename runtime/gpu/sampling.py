@@ -16,7 +16,6 @@ gpu (beyond the seeds): p_sample is a kernel; one CUDA graph holds a whole step 
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -24,19 +23,16 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import NoiseUnsupported, RuntimeErrorBase, UsageError
+from ..errors import NoiseUnsupported, RuntimeErrorBase, UsageError, stderr_notice
 from ..schedule import NoiseStream, Step, p_sample
 from ..trace import Timeline
+from . import memory
 from .executor import GpuExecutor
 from .noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise
 
 MODES = ("gpu", "cpu")
 NOISE_CHUNK = 8            # steps of noise per upload in gpu mode; device noise: rows drawn ahead
 Callback = Callable[[int, int], None]
-
-
-def _stderr_notice(msg: str) -> None:
-    print(msg, file=sys.stderr)
 
 
 class GpuRunError(RuntimeErrorBase):
@@ -65,7 +61,7 @@ class GpuSampler:
     """Owns the executors (one, or two half-batch ones in cpu ping-pong) and their streams."""
 
     def __init__(self, weights: Any, precision: str, batch: int, mode: str = "gpu", graphs: bool = True,
-                 backend: Any = None, noise: str = "host", notice: Callable[[str], None] = _stderr_notice) -> None:
+                 backend: Any = None, noise: str = "host", notice: Callable[[str], None] = stderr_notice) -> None:
         if mode not in MODES:
             raise UsageError(f"unknown GPU sampling mode {mode!r} (choose from {', '.join(MODES)})")
         if noise not in NOISE_SOURCES:
@@ -211,11 +207,7 @@ class GpuSampler:
         """Device tables + the step graph; once per sampler (any sampler / step count <= T)."""
         ex, be, T = self.executors[0], self.backend, self.config.timesteps
         n = self.batch * self.image_elems
-        sizes = {"coef": 12 * T, "noise_row": 4 * T, "t_of_step": 4 * T, "counter": 4, "noise": 4 * n * T}
-        offs, total = {}, 0
-        for k, v in sizes.items():
-            offs[k] = total
-            total += -(-v // 256) * 256
+        offs, total = memory.regions(memory.sampler_tables(self.config, self.batch))   # as the memory report
         self._tables = be.alloc(total)
         self._off = {k: self._tables.ptr + o for k, o in offs.items()}
         mod = ex.kernels.module
