@@ -61,10 +61,11 @@ def emu_source(keys) -> str:
     conv = sub1(r"extern __shared__ __align__\(16\) float dyn_smem\[\];", "", (k / "conv.cu").read_text())
     pipe = sub1(r"__device__ __forceinline__ void cp_async16\(.*?(?=template <class D)", CP_EMU,
                 (k / "conv_pipe.cu").read_text())
+    halo = (k / "conv_halo.cu").read_text()
     wrap = ("#define EMU_WRAP(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, CONV_PARAMS) "
             "{ emu_launch([&] { name(CONV_ARGS); }, gx, gy, gz, nt); }")
     lines = [key.instance() for key in keys] + [f"EMU_WRAP({key.symbol})" for key in keys]
-    return "\n".join([f'#include "{EMU}"', common, conv, pipe, wrap] + lines) + "\n"
+    return "\n".join([f'#include "{EMU}"', common, conv, pipe, halo, wrap] + lines) + "\n"
 
 
 def values(bits: np.ndarray, dtype: str) -> np.ndarray:
@@ -95,13 +96,12 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def emu_lib(tmp_path_factory):
+def build_lib(keys, d: Path) -> ctypes.CDLL:
+    """The emulated kernels of `keys`, compiled into a shared library in folder d (skips without g++)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no g++")
-    keys = sorted({k for _, s, p, _ in CASES for k in [s] + p}, key=lambda k: k.symbol)
-    d = tmp_path_factory.mktemp("emu")
+    keys = sorted(set(keys), key=lambda k: k.symbol)
     (d / "emu.cpp").write_text(emu_source(keys))
     cmd = [cxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC", "-w",
            f"-I{kernels_dir()}", str(d / "emu.cpp"), "-o", str(d / "emu.so")]   # conv.cu's #include: guarded
@@ -110,6 +110,11 @@ def emu_lib(tmp_path_factory):
         pytest.skip(f"this g++ lacks _Float16 or <barrier>: {r.stderr[:300]}")
     assert r.returncode == 0, r.stderr[-4000:]
     return ctypes.CDLL(str(d / "emu.so"))
+
+
+@pytest.fixture(scope="module")
+def emu_lib(tmp_path_factory):
+    return build_lib([k for _, s, p, _ in CASES for k in [s] + p], tmp_path_factory.mktemp("emu"))
 
 
 def conv_params() -> list:

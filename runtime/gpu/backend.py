@@ -31,9 +31,12 @@ class DeviceBuffer:
 class CupyFunction:
     def __init__(self, kern: Any, symbol: str) -> None:
         self._kern, self.symbol = kern, symbol
+        self._max_dyn = 0
 
     def set_max_dynamic_shared(self, nbytes: int) -> None:
-        self._kern.max_dynamic_shared_size_bytes = int(nbytes)
+        """Raise (never lower: executors of one process share the function) the dynamic smem opt-in."""
+        if int(nbytes) > self._max_dyn:
+            self._kern.max_dynamic_shared_size_bytes = self._max_dyn = int(nbytes)
 
     def launch(self, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple[Any, ...],
                shared_mem: int = 0, stream: Any = None) -> None:

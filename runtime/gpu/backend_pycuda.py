@@ -199,10 +199,14 @@ class PycudaEvent:
 class PycudaFunction:
     def __init__(self, func: Any, symbol: str, attrs: Any, active: _Active) -> None:
         self._f, self.symbol, self._attrs, self._active = func, symbol, attrs, active
+        self._max_dyn = 0
 
     def set_max_dynamic_shared(self, nbytes: int) -> None:
-        with self._active:
-            self._f.set_attribute(self._attrs.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
+        """Raise (never lower: executors of one process share the function) the dynamic smem opt-in."""
+        if int(nbytes) > self._max_dyn:
+            with self._active:
+                self._f.set_attribute(self._attrs.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
+            self._max_dyn = int(nbytes)
 
     def launch(self, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple[Any, ...],
                shared_mem: int = 0, stream: Any = None) -> None:

@@ -25,7 +25,7 @@ from ..reference import Reference
 from . import memory
 from .backend import get_backend
 from .kernels import KernelSet
-from .ops import (ELEM_BYTES, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec, storage_dtype,
+from .ops import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec, storage_dtype,
                   to_device)
 from .tuning import find_tiles
 
@@ -133,6 +133,12 @@ class GpuExecutor:
         self._check_memory(self._wlayout.nbytes)
         keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs} | set(extra_keys)
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
+        big: Dict[str, int] = {}   # the halo conv's dynamic smem goes past the 48 KB that need no opt-in
+        for s in self.specs:
+            if s.smem > SMEM_LIMIT:
+                big[s.symbol] = max(big.get(s.symbol, 0), s.smem)
+        for symbol, nbytes in big.items():
+            self.kernels[symbol].set_max_dynamic_shared(nbytes)
         host_w = self._pack_weights(weights)
         self.stream = self.backend.stream()
         self._alloc_and_upload(host_w, early_start)

@@ -26,6 +26,7 @@ from .cubins import CubinCache
 
 SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "sample.cu", "noise.cu")
 PIPE_SOURCE = "conv_pipe.cu"   # after conv.cu, only in modules with a cp.async conv (ConvKey.stages)
+HALO_SOURCE = "conv_halo.cu"   # after conv_pipe.cu, only in modules with a halo conv (ConvKey.halo)
 DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16")}
 MIN_TC_ARCH = 80   # mma.sync.m16n8k16 with bf16 and the cvt.*.bf16 conversions need sm_80+
 
@@ -33,7 +34,9 @@ MIN_TC_ARCH = 80   # mma.sync.m16n8k16 with bf16 and the cvt.*.bf16 conversions 
 @dataclass(frozen=True)
 class ConvKey:
     """One instantiation of conv_gemm (kernels/conv.cu), or with stages > 0 of conv_gemm_pipe
-    (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; the default for 16-bit convs, see ops.stages_from_env)."""
+    (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; the default for 16-bit convs, see
+    ops.stages_from_env), or with halo of conv_gemm_halo (kernels/conv_halo.cu: 3x3 stride 1, the
+    input staged once per channel chunk as a halo tile, `stages` slots of weights in flight)."""
     dtype: str      # "fp32" | "fp16" | "bf16"
     bm: int
     bn: int
@@ -46,18 +49,22 @@ class ConvKey:
     vec: int
     gate: bool
     stages: int = 0   # 0: conv_gemm (register-staged double buffering)
+    halo: bool = False
 
     @property
     def symbol(self) -> str:
         kind = "gate" if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
         return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}"
-                + (f"_s{self.stages}" if self.stages else ""))
+                + (f"_{'h' if self.halo else 's'}{self.stages}" if self.stages else ""))
 
     @property
     def threads(self) -> int:
         return 32 * self.wm * self.wn
 
     def instance(self) -> str:
+        if self.halo:
+            return (f"CONV_HALO_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
+                    f"{self.wm}, {self.wn}, {self.up}, {self.stages})")
         macro, tail = ("CONV_PIPE_INSTANCE", f", {self.stages}") if self.stages else ("CONV_INSTANCE", "")
         return (f"{macro}({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                 f"{self.wm}, {self.wn}, {self.kh}, {self.stride}, {self.up}, {self.vec}, "
@@ -102,12 +109,13 @@ def read_sources(folder: Optional[Path] = None, names: Sequence[str] = SOURCES) 
 
 def module_source(keys: Iterable[Any], folder: Optional[Path] = None) -> str:
     """All kernel sources, then one instantiation line per key (sorted: a stable cache key).
-    conv_pipe.cu joins only a module that instantiates it: the default module is unchanged."""
+    conv_pipe.cu (and conv_halo.cu, which builds on it) join only a module that instantiates them."""
     keys = list(keys)
     names = SOURCES
     if any(getattr(k, "stages", 0) for k in keys):
         at = SOURCES.index("conv.cu") + 1
-        names = SOURCES[:at] + (PIPE_SOURCE,) + SOURCES[at:]
+        extra = (PIPE_SOURCE, HALO_SOURCE) if any(getattr(k, "halo", False) for k in keys) else (PIPE_SOURCE,)
+        names = SOURCES[:at] + extra + SOURCES[at:]
     lines = sorted({k.instance() for k in keys})
     return read_sources(folder, names) + "\n// ==== instantiations (generated) ====\n" + "\n".join(lines) + "\n"
 

@@ -34,6 +34,7 @@ MAX_STAGES = 6
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
 PIPE_SCRATCH = 3 * 1024                              # its other static smem (reductions, gate, epilogue operands)
 GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, mean_rstd, dred, last)
+HALO_SMEM_LIMIT = 96 * 1024                          # conv_halo.cu's dynamic smem (opt-in): 2 CTAs on Orin's 164 KB
 
 
 def P(v: int) -> np.uint64:
@@ -135,6 +136,7 @@ class TileChoice:
     bk: int
     stages: int = 0      # 0: conv_gemm; n: the cp.async conv with n stages
     splits: int = 0      # 0: choose_splits decides
+    halo: int = 0        # 1: the halo conv (kernels/conv_halo.cu) with `stages` weight slots
 
 
 # ---- tile choice ----------------------------------------------------------------------------------
@@ -239,7 +241,7 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (not tc and (key.bm % 16 or (key.bn // max(nt // 16, 1)) % 4), "FFMA thread tile"),
         (key.stages and (not tc or key.vec != VEC_MAX[key.dtype] or not 2 <= key.stages <= MAX_STAGES),
          f"cp.async stages {key.stages}"),
-        (smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
+        (not key.halo and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
         (key.gate and key.bn < n, f"gate BN {key.bn} < {n} channels"),
     ]
     bad = [msg for cond, msg in problems if cond]
@@ -247,14 +249,59 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         raise ConfigError(f"{where}: tile {key.symbol} is not supported ({'; '.join(bad)})")
 
 
-def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int) -> Optional[ConvKey]:
+@dataclass(frozen=True)
+class ConvGeom:
+    """What the halo conv's feasibility and shared memory depend on beyond its key."""
+    cin: int
+    cr: int       # residual K segment channels (0: none)
+    wout: int
+    norm: bool
+
+
+def halo_smem(key: ConvKey, g: ConvGeom) -> int:
+    """Dynamic smem bytes of conv_halo.cu, as the kernel lays it out: GroupNorm table, 128-byte
+    alignment slack, NH halo buffers of (TH + 2) x (TW + 2) pixels of 2 * BK + 16 bytes, and the ring of
+    `stages` slots B[BN][BK] (+ A[BM][BK] with a residual segment)."""
+    tw = min(key.bm, g.wout)
+    halo = round_up((key.bm // tw + 2) * (tw + 2) * (2 * key.bk + 16), 128)
+    nh = 2 if g.cin > key.bk else 1
+    slot = 2 * key.bk * (key.bn + (key.bm if g.cr else 0))
+    return (8 * g.cin if g.norm else 0) + 128 + nh * halo + key.stages * slot
+
+
+def halo_problems(key: ConvKey, g: ConvGeom) -> List[str]:
+    """Why conv_halo.cu cannot run this op with this key ([] if it can)."""
+    tw = min(key.bm, g.wout)
+    return [msg for cond, msg in [
+        (key.kh != 3 or key.stride != 1 or key.gate, "3x3 stride-1 convs only"),
+        (key.dtype == "fp32" or key.vec != VEC_MAX[key.dtype], "16-bit with 16-byte vectors only"),
+        (g.cin % key.bk != 0, f"Cin {g.cin} not a multiple of BK {key.bk}"),
+        (key.bm % g.wout != 0 and g.wout % key.bm != 0, f"BM {key.bm} neither whole rows nor a row part of width {g.wout}"),
+        (not 2 <= key.stages <= 10, f"{key.stages} weight slots"),
+        ((key.bm // tw + 2) * (tw + 2) > 32 * (key.threads * 8 // key.bk),
+         "more than 32 halo vectors per thread (one bit mask)"),
+        (halo_smem(key, g) > HALO_SMEM_LIMIT, f"{halo_smem(key, g)} B of shared memory"),
+    ] if cond]
+
+
+def conv_geom(op: Op, ctx: Ctx) -> ConvGeom:
+    t = ctx.plan.tensors
+    return ConvGeom(t[op.x].channels, t[op.residual].channels if op.residual_conv else 0, t[op.out].size,
+                    bool(op.norm))
+
+
+def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
+              geom: Optional[ConvGeom] = None) -> Optional[ConvKey]:
     """`key` with the measured tile of op `name` from ctx.tiles, checked; None when there is none."""
     t = ctx.tiles.get(name)
     if t is None:
         return None
     tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk,
-                                stages=t.stages if ctx.conv_stages else 0)
+                                stages=t.stages if ctx.conv_stages else 0, halo=bool(t.halo and ctx.conv_stages))
     check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
+    bad = halo_problems(tuned, geom) if (tuned.halo and geom) else ["not a conv"] if tuned.halo else []
+    if bad:
+        raise ConfigError(f"tuned tile of {name}: halo conv {tuned.symbol} is not supported ({'; '.join(bad)})")
     return tuned
 
 
@@ -331,7 +378,7 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
                   vec, False)
     dyn = 8 * xt.channels if op.norm else 0
-    return (tuned_key(key, ctx, op.out, ot.channels, dyn)
+    return (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
             or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
 
 
@@ -357,7 +404,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles * ntiles, sum(nks), key, ctx, op.out)
     grid = (mtiles * splits, ntiles, ctx.batch)
-    smem = 8 * xt.channels if op.norm else 0
+    smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else 8 * xt.channels if op.norm else 0
     act = {"none": 0, "gelu": 1}[op.act]
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:

@@ -5,7 +5,8 @@ of ops.choose_tile's guess.
 A tuning file belongs to one (model config, device, SM count, precision, batch): tiles that win on
 an H100 at batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made
 for other ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "config",
-"tiles": {op: {bm, bn, wm, wn, bk, stages, splits}}, ...measurements}.
+"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo}}, ...measurements}; halo (the
+halo conv, kernels/conv_halo.cu) may be absent (0) in files written before it existed.
 
 Where the executor finds them (`find_tiles`, unless told otherwise): $JETSON_UNET_TILES, else
 ~/.cache/jetson-unet/tiles (where `tools/tune_tiles.py` writes by default), then the files shipped
@@ -24,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..errors import ConfigError
 from ..plan import CONV, GATE, Op
 from .ops import (MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, check_key,
-                  conv_matrix, gate_key, gemm_key, kernel_kind, pipe_ring_bytes)
+                  conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, kernel_kind, pipe_ring_bytes)
 
 FORMAT = 1
 ENV = "JETSON_UNET_TILES"
@@ -34,6 +35,11 @@ TC_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128
             (64, 128, 2, 2), (128, 64, 4, 2), (64, 128, 2, 4), (128, 128, 4, 2), (64, 64, 2, 1))
 FFMA_TILES = ((32, 32, 2, 2), (64, 32, 2, 2), (32, 64, 2, 2), (64, 64, 2, 2))
 GATE_ROWS = ((32, 2, 2), (64, 2, 2), (32, 1, 4), (64, 1, 4))
+# the halo conv's tiles (kernels/conv_halo.cu), each with BK 64 where Cin allows it, else 32; all
+# with <= 32 accumulators per thread (128x128 with 8 warps spilled on sm_87)
+HALO_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 4, 2),
+              (64, 128, 2, 4))
+HALO_STAGES = 3
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -80,6 +86,16 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
                 continue
             if t not in out:
                 out.append(t)
+    if pipe and not gate:
+        geom = conv_geom(op, ctx)
+        for bm, bn, wm, wn in HALO_TILES:
+            if bn > widest:
+                continue
+            for bk in (64, 32):
+                k = dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=HALO_STAGES, halo=True)
+                if not halo_problems(k, geom):
+                    out.append(TileChoice(bm, bn, wm, wn, bk, HALO_STAGES, halo=1))
+                    break
     return out
 
 
@@ -112,7 +128,8 @@ def load_tiles(path: Path, precision: str, batch: int, sms: int, config: Any = N
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
-        tiles = {str(k): TileChoice(**{f: int(v[f]) for f in ("bm", "bn", "wm", "wn", "bk", "stages", "splits")})
+        tiles = {str(k): TileChoice(**{f: int(v[f]) for f in ("bm", "bn", "wm", "wn", "bk", "stages", "splits")},
+                                    halo=int(v.get("halo", 0)))
                  for k, v in doc["tiles"].items()}
         made = (str(doc["precision"]), int(doc["batch"]), int(doc["sms"]))
     except OSError as e:

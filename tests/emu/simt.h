@@ -33,7 +33,7 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 
 thread_local Dim3 threadIdx, blockIdx;
 Dim3 blockDim, gridDim;
-alignas(16) float dyn_smem[16384];
+alignas(16) float dyn_smem[65536];   // 256 KB: the halo conv's dynamic smem goes past 48 KB
 
 using std::min;
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }

@@ -17,9 +17,15 @@ class FakeBuffer:
 class FakeFunction:
     def __init__(self, log: List[Any], symbol: str) -> None:
         self.log, self.symbol = log, symbol
+        self.max_dynamic_shared = 48 * 1024
+
+    def set_max_dynamic_shared(self, nbytes: int) -> None:
+        self.max_dynamic_shared = max(self.max_dynamic_shared, int(nbytes))
 
     def launch(self, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple[Any, ...],
                shared_mem: int = 0, stream: Any = None) -> None:
+        if shared_mem > self.max_dynamic_shared:   # as the driver: no launch past the opt-in
+            raise RuntimeError(f"{self.symbol}: {shared_mem} B of dynamic smem > {self.max_dynamic_shared}")
         self.log.append((self.symbol, grid, block, args, shared_mem))
 
 

@@ -1,0 +1,243 @@
+// conv_halo.cu: the 3x3 stride-1 conv (up2 folded in or not) with its A operand staged once per
+// channel chunk as a normalized halo tile in shared memory, instead of once per tap (im2col).
+// Appended after conv.cu and conv_pipe.cu to modules that instantiate it (ConvKey.halo).
+//
+// Computes what conv_gemm / conv_gemm_pipe compute (same CONV_PARAMS, launch grid, weights layout,
+// fused GroupNorm, residual K segment, split-K, epilogue and statistics: conv.cu's conv_finish),
+// for fp16/bf16 with 16-byte vectors, KH = 3, ST = 1, Cin % BK == 0, and an M tile of whole image
+// rows or of a row segment (BM % Wout == 0 or Wout % BM == 0: the tile's BM pixels are then the
+// TH x TW rectangle m0 .. m0 + BM - 1, so conv_finish's row map is unchanged).
+//
+// Why: the im2col kernels fetch and normalize each input vector once per tap (9 times) and spend
+// ~19 instructions per mma on it (docs/perf-notes.md, session 4). Here the CTA loads the
+// (TH + 2) x (TW + 2) pixel halo of BK channels once (cp.async, zero-filled outside the image),
+// normalizes it once in place, and runs the 9 taps as 9 k-units whose A fragments are the same
+// halo read at a constant pixel shift: each lane's ldmatrix row address is its pixel's, plus
+// (ky * (TW + 2) + kx) pixels. Only the weights (B) stream through the cp.async ring per unit.
+//
+// K order: unit u = chunk * 9 + tap (chunk = BK channels), then the residual segment's units, each
+// BK columns of the packed weights: unit u of segment 0 reads columns tap * Cin + chunk * BK. With
+// Cin == BK this is exactly conv_gemm's k-tile order (bit-identical results); with more chunks the
+// sum runs in another order (same terms). nk0 (= 9 * Cin / BK) + nk1 units, split-K as conv_gemm.
+//
+// Dynamic shared memory (bytes; runtime/gpu/ops.py halo_smem computes the same):
+//   [GroupNorm table 8 * Cin, when normalized; then up to 127 bytes to a 128-byte boundary]
+//   [NH halo buffers of HR * HC pixels of PS bytes]   NH = 2 when Cin > BK (the next chunk's halo
+//        lands while this one is read), else 1; PS = 2 * BK + 16: rows 16 bytes apart in bank
+//        terms, so the 8 rows of an ldmatrix phase (8 consecutive pixels) hit distinct banks
+//   [STAGES ring slots: B[BN][BK] (+ A[BM][BK] of the residual segment when nk1 > 0), swizzled]
+// Halo chunk j is issued with the first unit of chunk j in the split (STAGES - 1 units ahead of
+// its use, in the same commit group) into buffer j % NH; the buffer's previous chunk (j - 2) ended
+// 9 units earlier, so with STAGES <= 10 every warp is past it at the barrier before the issue.
+// Each thread normalizes the halo vectors it copied after its wait (padding stays 0).
+// sm_80+ (cp.async, ldmatrix, mma.sync); nothing of Hopper.
+
+template <class D, int BM, int BN, int BK, int WM, int WN, int UP, int STAGES>
+__device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
+    typedef typename D::S S;
+    typedef SwizzledTile<BK> L;
+    constexpr int VEC = 8, KV = BK / VEC, NT = 32 * WM * WN, PS = 2 * BK + 16;
+    static_assert(D::TC && sizeof(S) == 2, "16-bit types only");
+    static_assert(STAGES >= 2 && STAGES <= 10, "ring depth (halo buffer reuse needs <= 10)");
+    static_assert(NT % KV == 0, "a thread's halo vectors share one channel group");
+    __shared__ float red[33];
+    __shared__ float mean_rstd[2];
+    __shared__ double dred[96];
+
+    const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
+    const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
+    const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;
+    const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
+    const int m0 = mt * BM, n0 = blockIdx.y * BN;
+    const bool norm = gn_part != nullptr;
+    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits, ntiles = ke - kb;
+
+    // ---- geometry: the tile is TH x TW output pixels from (y0, x0); its halo HR x HC ------------
+    const int TW = min(BM, Wout), TH = BM / TW, HC = TW + 2, HR = TH + 2;
+    const int y0 = m0 / Wout, x0 = m0 - y0 * Wout;
+    const int NH = Cin > BK ? 2 : 1;
+    const u32 HALO = ((u32)(HR * HC * PS) + 127u) & ~127u;
+    const u32 SLOT_B = BN * BK * 2, SLOT = SLOT_B + (nk1 > 0 ? BM * BK * 2 : 0);
+    // the halo buffers start 128-byte aligned (the swizzled B slots' bank pattern assumes it)
+    const saddr dyn0 = smem_u32(dyn_smem);
+    const u32 hoff = (u32)(((dyn0 + (norm ? 8u * Cin : 0u) + 127u) & ~(saddr)127) - dyn0);
+    char *halo_p = reinterpret_cast<char *>(dyn_smem) + hoff;   // generic pointer of buffer 0
+    const saddr halo0 = dyn0 + hoff, ring0 = halo0 + NH * HALO;
+    const S *xs = x + (size_t)b * Hin * Win * ldx;
+    const int kvv = tid % KV;   // the thread's channel group in every halo vector it copies
+    constexpr int PSTEP = NT / KV;   // pixels between a thread's halo vectors
+
+    // Halo of chunk j into buffer j % NH: the thread's pixels p = tid / KV + i * PSTEP, walked by
+    // additions (no division per vector); which of them lie inside the image is kept as a bit mask
+    // (one per buffer parity: two chunks can be in flight) for the normalization after the wait.
+    u32 hmask0 = 0, hmask1 = 0;
+    auto issue_halo = [&](int j) {
+        const saddr h = halo0 + ((NH == 2 && (j & 1)) ? HALO : 0u) + kvv * 16;
+        const int c = j * BK + kvv * VEC, npix = HR * HC;
+        int hy = 0, hx = tid / KV;
+        while (hx >= HC) { hx -= HC; ++hy; }
+        u32 mask = 0;
+        for (int p = tid / KV, i = 0; p < npix; p += PSTEP, ++i) {
+            const int Y = y0 - 1 + hy, X = x0 - 1 + hx;
+            const bool ok = Y >= 0 && Y < Hout && X >= 0 && X < Wout;
+            const S *src = ok ? xs + ((size_t)(Y / UP) * Win + X / UP) * ldx + c : wt;
+            cp_async16(h + p * PS, src, ok);
+            mask |= (u32)ok << i;
+            hx += PSTEP;
+            while (hx >= HC) { hx -= HC; ++hy; }
+        }
+        if (j & 1) hmask1 = mask; else hmask0 = mask;
+    };
+    auto normalize_halo = [&](int j) {
+        if (!norm) return;
+        GnCoef<D, VEC> g;
+        g.load(Cin, j * BK + kvv * VEC);
+        char *q = halo_p + ((NH == 2 && (j & 1)) ? HALO : 0u) + kvv * 16 + (tid / KV) * PS;
+        for (u32 mask = (j & 1) ? hmask1 : hmask0; mask; mask >>= 1, q += PSTEP * PS) {
+            if (!(mask & 1u)) continue;   // padding stays 0
+            Vec<S, VEC> v = vload<S, VEC>(reinterpret_cast<S *>(q));
+            g.apply(v);
+            vstore<S, VEC>(reinterpret_cast<S *>(q), v);
+        }
+    };
+
+    // ---- B (weights) and residual-A copies into ring slot st -----------------------------------
+    constexpr int BVEC = BN * BK / VEC, BP = BVEC / NT;
+    static_assert(BVEC % NT == 0 && NT / KV >= 1, "B tile split");
+    constexpr int RPP = NT / KV;
+    const S *bsrc[BP];
+#pragma unroll
+    for (int i = 0; i < BP; ++i) {
+        const int v = tid + i * NT, n = v / KV;
+        bsrc[i] = wt + (size_t)(n0 + n) * ldw + (v % KV) * VEC;
+        pin(bsrc[i]);
+    }
+    static_assert(RPP % 8 == 0 || BP == 1, "rows RPP apart share the swizzle");
+    const u32 b_dst = L::off(tid / KV, kvv * VEC) * 2;
+    constexpr u32 ROWS_STEP = RPP * BK * 2;
+
+    // Unit positions, walked by additions on both sides of the ring (the issue runs STAGES - 1
+    // units ahead of the compute): chunk j, tap t (kx its column), the A offset of the tap within
+    // the chunk's halo buffer, and the weights column t * Cin + j * BK.
+    struct Pos { int u, j, tap, kx, col; u32 a; };
+    auto start = [&](int u) {
+        Pos q;
+        q.u = u;
+        q.j = u / 9;
+        q.tap = u - q.j * 9;
+        const int ky = q.tap / 3;
+        q.kx = q.tap - ky * 3;
+        q.col = u < nk0 ? q.tap * Cin + q.j * BK : u * BK;
+        q.a = ((NH == 2 && (q.j & 1)) ? HALO : 0u) + (u32)((ky * HC + q.kx) * PS);
+        return q;
+    };
+    auto advance = [&](Pos &q) {
+        ++q.u;
+        if (q.u >= nk0) {                     // residual segment (or past the end)
+            q.col = q.u * BK;
+        } else if (++q.tap == 9) {            // next chunk, tap 0
+            q.tap = 0; q.kx = 0; ++q.j;
+            q.col = q.j * BK;
+            q.a = (NH == 2 && (q.j & 1)) ? HALO : 0u;
+        } else {
+            q.col += Cin;
+            if (++q.kx == 3) { q.kx = 0; q.a += (u32)((HC - 2) * PS); } else { q.a += PS; }
+        }
+    };
+    Pos ip = start(kb);   // the next unit to issue
+
+    auto issue = [&](int st) {
+        const saddr slot = ring0 + st * SLOT;
+        if (ip.u < nk0) {
+            if (ip.tap == 0 || ip.u == kb) issue_halo(ip.j);
+        } else {
+            const int c = (ip.u - nk0) * BK + kvv * VEC;   // residual segment: A rows of the tile
+            const saddr a = slot + SLOT_B;
+            for (int r = tid / KV; r < BM; r += RPP) {
+                const int m = m0 + r;
+                const bool ok = m < M && c < Cr;
+                cp_async16(a + L::off(r, kvv * VEC) * 2, ok ? xr + ((size_t)b * M + m) * ldr + c : wt, ok);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < BP; ++i) cp_async16(slot + b_dst + i * ROWS_STEP, bsrc[i] + ip.col, true);
+        advance(ip);
+    };
+
+    // ---- fragments: each lane's A row pixel in the halo, B offsets as conv_gemm_pipe -------------
+    constexpr int WTM = BM / WM, WTN = BN / WN, MF = WTM / 16, NF = WTN / 8;
+    static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile");
+    const int wm = warp / WN, wn = warp % WN;
+    const FragOffsets<S, BK, L, L> fo(wm * WTM, wn * WTN, lane);
+    u32 apix[MF];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf) {
+        const int r = wm * WTM + mf * 16 + (lane & 15), py = r / TW, px = r - py * TW;
+        apix[mf] = (u32)((py * HC + px) * PS + (lane >> 4) * 16);
+    }
+    float acc[MF][NF][4];
+#pragma unroll
+    for (int i = 0; i < MF; ++i)
+#pragma unroll
+        for (int j = 0; j < NF; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ntiles) issue(s);
+        cp_async_commit();
+    }
+    EpiloguePrefetch<BN, NT, false, true> pre;
+    pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+
+    Pos cp = start(kb);   // the unit to compute
+    int st = 0;
+    for (int i = 0; i < ntiles; ++i) {
+        cp_async_wait<STAGES - 2>();   // unit i's copies (and its chunk's halo) have landed
+        if (cp.u < nk0 && (cp.tap == 0 || i == 0)) normalize_halo(cp.j);
+        __syncthreads();   // visible to all; every warp is done with unit i-1 (its slot is reused next)
+        const int wst = st == 0 ? STAGES - 1 : st - 1;
+        if (i + STAGES - 1 < ntiles) issue(wst);
+        cp_async_commit();
+        const saddr B = ring0 + st * SLOT;
+        if (cp.u < nk0) {
+            const saddr A = halo0 + cp.a;
+#pragma unroll
+            for (int q = 0; q < BK / 16; ++q) {
+                u32 af[MF][4], bf[NF][2];
+#pragma unroll
+                for (int mf = 0; mf < MF; ++mf) ldmatrix_x4(af[mf], A + apix[mf] + q * 32);
+#pragma unroll
+                for (int np = 0; np < NF / 2; ++np) {
+                    u32 r[4];
+                    ldmatrix_x4(r, B + fo.b[q] + np * decltype(fo)::B16);
+                    bf[2 * np][0] = r[0]; bf[2 * np][1] = r[1];
+                    bf[2 * np + 1][0] = r[2]; bf[2 * np + 1][1] = r[3];
+                }
+#pragma unroll
+                for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+                    for (int nf = 0; nf < NF; ++nf) D::mma(acc[mf][nf], af[mf], bf[nf]);
+            }
+        } else {
+            mma_ktile<D, MF, NF, BK>(acc, B + SLOT_B, B, fo);
+        }
+        st = st + 1 == STAGES ? 0 : st + 1;
+        advance(cp);
+    }
+    cp_async_wait<0>();
+
+    conv_finish<D, BM, BN, WM, WN, VEC, false>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
+}
+
+// One extern "C" kernel per instantiation; symbols end in _h<STAGES>. Register cap for tiles with
+// <= 32 accumulators per thread: 4 warps at 168 (3 CTAs per SM; at 128 ptxas spilled a few bytes,
+// and the halo's shared memory admits 2-4 CTAs per SM anyway), 8 warps at 128 (2 CTAs per SM).
+#define HALO_MIN_CTAS(BM, BN, WM, WN) ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((WM) * (WN) <= 4 ? 3 : 2) : 1)
+#define CONV_HALO_INSTANCE(name, D, BM, BN, BK, WM, WN, UP, STAGES)                               \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN, HALO_MIN_CTAS(BM, BN, WM, WN))         \
+        name(CONV_PARAMS) {                                                                      \
+        conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES>(CONV_ARGS);                            \
+    }
