@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from ..plan import CONV, GATE, Op
-from .ops import (MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, check_key,
+from .ops import (HALO_STAGES, MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, check_key,
                   conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, kernel_kind, pipe_ring_bytes)
 
 FORMAT = 1
@@ -39,7 +39,6 @@ GATE_ROWS = ((32, 2, 2), (64, 2, 2), (32, 1, 4), (64, 1, 4))
 # with <= 32 accumulators per thread (128x128 with 8 warps spilled on sm_87)
 HALO_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 4, 2),
               (64, 128, 2, 4))
-HALO_STAGES = 3
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -56,7 +55,8 @@ def base_key(op: Op, ctx: Ctx) -> Any:
 def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     """Every tile of `op` worth timing that the kernels can instantiate (ops.check_key), splits left
     to the heuristic; the heuristic's own tile first."""
-    key = base_key(op, ctx)
+    heur = base_key(op, ctx)
+    key = dataclasses.replace(heur, halo=False)   # what the im2col candidates derive from
     gate = op.kind == GATE
     n = ctx.plan.tensors[op.x if gate else op.out].channels
     dyn = 0 if gate or not op.norm else 8 * ctx.plan.tensors[op.x].channels
@@ -67,7 +67,7 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
         widest = max(32, 1 << (n - 1).bit_length())   # no BN wider than N rounded up to a power of two
         shapes = [s for s in (TC_TILES if tc else FFMA_TILES) if s[1] <= widest]
     pipe = bool(ctx.conv_stages) and tc and key.vec == VEC_MAX[ctx.precision]
-    out = [TileChoice(key.bm, key.bn, key.wm, key.wn, key.bk, key.stages)]
+    out = [TileChoice(heur.bm, heur.bn, heur.wm, heur.wn, heur.bk, heur.stages, halo=int(heur.halo))]
     for bm, bn, wm, wn in shapes:
         variants = []
         if pipe:
@@ -94,7 +94,9 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
             for bk in (64, 32):
                 k = dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=HALO_STAGES, halo=True)
                 if not halo_problems(k, geom):
-                    out.append(TileChoice(bm, bn, wm, wn, bk, HALO_STAGES, halo=1))
+                    t = TileChoice(bm, bn, wm, wn, bk, HALO_STAGES, halo=1)
+                    if t not in out:
+                        out.append(t)
                     break
     return out
 
