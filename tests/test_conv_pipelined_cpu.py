@@ -41,7 +41,6 @@ GOLDEN_CASES = ([("default", p, b, 8) for p in ("fp32", "fp16", "bf16") for b in
                 + [("default", "fp16", b, 132) for b in (1, 16)] + [("odd", "fp16", 3, 8)])
 ORIN_SMEM_PER_SM = 100 * 1024   # the budget this work keeps to: two CTAs per SM
 CTA_RESERVED = 1024             # smem the driver reserves per CTA (sm_80+)
-SM87_SMEM_PER_SM = 164 * 1024   # what an Orin SM has (CUDA guide, compute capability 8.7): the halo conv opts in
 
 
 class W:
@@ -185,12 +184,7 @@ def test_opt_in_launches(stages3, cfg, precision, sms):
         assert got == kinds, (spec.op.out, got, kinds)
         want_piped = precision != "fp32" and key.vec == 8 and not (key.gate and key.bn == 256)
         assert bool(key.stages) == want_piped, (spec.op.out, key)
-        if key.stages and key.halo:   # the built-in halo conv (ops.with_halo): dynamic smem, opt-in
-            piped += 1
-            assert launch.fn.symbol == key.symbol and launch.fn.symbol.endswith("_h3")
-            assert launch.smem <= ops.HALO_SMEM_LIMIT and launch.fn.max_dynamic_shared >= launch.smem
-            assert 2 * (launch.smem + ops.PIPE_SCRATCH + CTA_RESERVED) <= SM87_SMEM_PER_SM
-        elif key.stages:
+        if key.stages:
             piped += 1
             assert key.stages == 3 and launch.fn.symbol.endswith("_s3") and launch.fn.symbol == key.symbol
             static = ops.pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + ops.PIPE_SCRATCH
@@ -202,8 +196,6 @@ def test_opt_in_launches(stages3, cfg, precision, sms):
         for sym in ex.kernels.symbols:
             if sym.endswith("_s3"):
                 assert f"CONV_PIPE_INSTANCE({sym}," in src
-            if sym.endswith("_h3"):
-                assert f"CONV_HALO_INSTANCE({sym}," in src and "// ==== conv_halo.cu ====" in src
     else:
         assert "// ==== conv_pipe.cu" not in src
     if cfg == "default":   # every GEMM conv of the default config has 16-byte vectors
@@ -245,8 +237,8 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
     if nvcc is None:
         pytest.skip("no nvcc")
     ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend(sms=8))
-    keys = sorted({s.key for s in ex.specs if isinstance(s.key, ConvKey) and s.key.stages and not s.key.halo},
-                  key=lambda k: k.symbol)   # halo convs: test_conv_halo_emulated.py compiles every candidate
+    keys = sorted({s.key for s in ex.specs if isinstance(s.key, ConvKey) and s.key.stages},
+                  key=lambda k: k.symbol)
     dyn = {}
     for s in ex.specs:
         dyn[s.key.symbol] = max(dyn.get(s.key.symbol, 0), s.smem)

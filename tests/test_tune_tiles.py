@@ -20,7 +20,7 @@ from runtime.errors import ConfigError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, view_layout  # noqa: E402
 from runtime.gpu.kernels import KernelSet  # noqa: E402
-from runtime.gpu.tuning import candidates, load_tiles, tunable  # noqa: E402
+from runtime.gpu.tuning import SHIPPED, candidates, load_tiles, tunable  # noqa: E402
 from runtime.plan import build_plan  # noqa: E402
 from runtime.weights import load_weights  # noqa: E402
 
@@ -145,7 +145,6 @@ def test_find_tiles_skips_a_file_of_another_config(weights, tmp_path):
 
 def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
     """runtime/tiles/: every file loads for its own conditions and every tile passes ops.check_key."""
-    from runtime.gpu.tuning import SHIPPED
     files = sorted(SHIPPED.glob("*.json"))
     assert files
     plan = build_plan(weights.config)
@@ -156,3 +155,23 @@ def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
         for op in plan.ops:
             if tunable(op, ctx):
                 ops.op_spec(op, ctx)   # raises ConfigError on an unsupported tile
+
+
+def test_shipped_halo_tiles_launch_with_the_smem_opt_in(weights):
+    """The H100 batch-16 tiles pick the halo conv (kernels/conv_halo.cu) for many ops: each such launch
+    asks for more than the 48 KB of dynamic smem that need no opt-in, so the executor must raise the
+    kernel's limit first (the fake, like the driver, refuses a launch past it), and stay within the
+    budget that leaves two CTAs per sm_87 SM."""
+    path = SHIPPED / "tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b16.json"
+    tiles = load_tiles(path, "fp16", 16, 132, weights.config)
+    halo_ops = {name for name, t in tiles.items() if t.halo}
+    assert halo_ops
+    with GpuExecutor(weights, "fp16", batch=16, backend=FakeBackend(sms=132), tiles=tiles) as ex:
+        launched = {L.name: L for L in ex.launches}
+        src = ex.kernels.source
+        ex.run(ex.stream)
+    for name in halo_ops:
+        L = launched[name]
+        assert L.fn.symbol.endswith("_h3") and f"CONV_HALO_INSTANCE({L.fn.symbol}," in src
+        assert L.smem <= ops.HALO_SMEM_LIMIT and L.smem <= L.fn.max_dynamic_shared
+    assert any(launched[n].smem > ops.SMEM_LIMIT for n in halo_ops)

@@ -20,7 +20,7 @@ step() {
   echo "=== rc=$? $name" | tee -a "$LOG"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >>"$LOG" 2>&1
-step gpu-tests 360 env GPU_REPORT="$OUT/gpu-report.txt" python3 -m pytest -m gpu tests/gpu -q -rs \
+step gpu-tests 450 env GPU_REPORT="$OUT/gpu-report.txt" python3 -m pytest -m gpu tests/gpu -q -rs \
   --ignore=tests/gpu/test_gpu_pycuda.py
 # sm_72 cubins through a CUDA 11/12 NVRTC: skips unless $JETSON_UNET_NVRTC or nvidia-cuda-nvrtc-cu11/12 is there
 step nvrtc-sm72 120 python3 -m pytest tests/test_nvrtc_lib.py -q -rs -p no:cacheprovider

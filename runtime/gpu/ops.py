@@ -29,8 +29,7 @@ DW_TILE, DW_CC, DW_THREADS = 8, 32, 256              # dwconv.cu
 INIT_TILE, FINAL_THREADS = 8, 128                    # io.cu
 GATE_MAX_N = 256
 STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # cp.async ring depth of the GEMM conv (0: off)
-HALO_ENV = "JETSON_UNET_HALO"                        # 0: no halo conv in the built-in tiles
-HALO_STAGES = 3                                      # weight slots of the built-in halo tiles
+HALO_STAGES = 3                                      # weight slots of the halo tiles the tuner times
 DEFAULT_STAGES = 3                                   # docs/perf-notes.md: s3 = s4 > s6 > s0 on an H100
 MAX_STAGES = 6
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
@@ -124,7 +123,6 @@ class Ctx:
     tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch)
     extra_keys: List[Any] = field(default_factory=list)
     conv_stages: int = field(default_factory=lambda: stages_from_env())   # 0: conv_gemm everywhere
-    halo: bool = field(default_factory=lambda: os.environ.get(HALO_ENV, "").strip() != "0")
     tiles: Mapping[str, "TileChoice"] = field(default_factory=dict)       # op.out -> measured tile
 
 
@@ -381,24 +379,9 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
                   vec, False)
     dyn = 8 * xt.channels if op.norm else 0
-    geom = conv_geom(op, ctx)
-    return (tuned_key(key, ctx, op.out, ot.channels, dyn, geom)
-            or with_halo(key, ctx, geom, ot.size * ot.size, ot.channels)
+    return (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
             or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
 
-
-def with_halo(key: ConvKey, ctx: Ctx, geom: ConvGeom, m: int, n: int) -> Optional[ConvKey]:
-    """The built-in tile as a halo conv, where the measured tiles say it wins: on the H100 at batch
-    16 (docs/perf-notes.md, session 5) it won for 29 of the 54 GEMM convs, every 3x3 conv without a
-    residual K segment once the grid fills the GPU (>= 2 CTAs per SM); at batch 1 (latency-bound
-    small grids) it never did. None: keep the im2col conv."""
-    if not (ctx.halo and ctx.conv_stages) or geom.cr:
-        return None
-    if (ctx.tile_batch or ctx.batch) * cdiv(m, key.bm) * cdiv(n, key.bn) < 2 * ctx.sms:
-        return None
-    bk = 64 if geom.cin % 64 == 0 else 32
-    halo = dataclasses.replace(key, bk=bk, stages=HALO_STAGES, halo=True)
-    return None if halo_problems(halo, geom) else halo
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
