@@ -175,3 +175,13 @@ def test_shipped_halo_tiles_launch_with_the_smem_opt_in(weights):
         assert L.fn.symbol.endswith("_h3") and f"CONV_HALO_INSTANCE({L.fn.symbol}," in src
         assert L.smem <= ops.HALO_SMEM_LIMIT and L.smem <= L.fn.max_dynamic_shared
     assert any(launched[n].smem > ops.SMEM_LIMIT for n in halo_ops)
+
+
+def test_halo_tiles_give_way_to_the_builtin_tile_without_cp_async(weights, monkeypatch):
+    """JETSON_UNET_CONV_STAGES=0 (conv_gemm everywhere): a tuned halo tile (measured for another
+    kernel, and too large for conv_gemm's static smem) is replaced by the built-in tile, not refused."""
+    monkeypatch.setenv(ops.STAGES_ENV, "0")
+    tiles = load_tiles(SHIPPED / "tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b16.json", "fp16", 16, 132, weights.config)
+    with GpuExecutor(weights, "fp16", batch=16, backend=FakeBackend(sms=132), tiles=tiles) as ex:
+        keys = [s.key for s in ex.specs if hasattr(s.key, "halo")]
+    assert keys and not any(k.halo or k.stages for k in keys)

@@ -295,10 +295,10 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
               geom: Optional[ConvGeom] = None) -> Optional[ConvKey]:
     """`key` with the measured tile of op `name` from ctx.tiles, checked; None when there is none."""
     t = ctx.tiles.get(name)
-    if t is None:
+    if t is None or (t.halo and not ctx.conv_stages):   # a halo tile says nothing about conv_gemm's
         return None
     tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk,
-                                stages=t.stages if ctx.conv_stages else 0, halo=bool(t.halo and ctx.conv_stages))
+                                stages=t.stages if ctx.conv_stages else 0, halo=bool(t.halo))
     check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
     bad = halo_problems(tuned, geom) if (tuned.halo and geom) else ["not a conv"] if tuned.halo else []
     if bad:
