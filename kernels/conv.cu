@@ -213,25 +213,42 @@ template <class S, int BK, class LA, class LB> struct FragOffsets {
     }
 };
 
+template <int A0, int A1, int A2> __device__ __forceinline__ void zero_acc(float (&acc)[A0][A1][A2]) {
+#pragma unroll
+    for (int i = 0; i < A0; ++i)
+#pragma unroll
+        for (int j = 0; j < A1; ++j)
+#pragma unroll
+            for (int q = 0; q < A2; ++q) acc[i][j][q] = 0.0f;
+}
+
+// One 16-deep k step of a warp's tile: the caller's A fragments, the B fragments from smem at B
+// (fragment pair np at np * b16 bytes further), then MF x NF mma.sync m16n8k16.
+template <class D, int MF, int NF>
+__device__ __forceinline__ void mma_kstep(float (&acc)[MF][NF][4], const u32 (&af)[MF][4], saddr B, u32 b16) {
+    u32 bf[NF][2];
+#pragma unroll
+    for (int np = 0; np < NF / 2; ++np) {
+        u32 r[4];
+        ldmatrix_x4(r, B + np * b16);
+        bf[2 * np][0] = r[0]; bf[2 * np][1] = r[1];
+        bf[2 * np + 1][0] = r[2]; bf[2 * np + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf) D::mma(acc[mf][nf], af[mf], bf[nf]);
+}
+
 // One BK-deep k-tile of a warp's WTM x WTN tile at smem tiles A, B: ldmatrix fragments, mma.sync m16n8k16.
 template <class D, int MF, int NF, int BK, class F>
 __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, saddr B, const F &f) {
 #pragma unroll
     for (int q = 0; q < BK / 16; ++q) {
-        u32 af[MF][4], bf[NF][2];
+        u32 af[MF][4];
 #pragma unroll
         for (int mf = 0; mf < MF; ++mf) ldmatrix_x4(af[mf], A + f.a[q] + mf * F::A16);
-#pragma unroll
-        for (int np = 0; np < NF / 2; ++np) {
-            u32 r[4];
-            ldmatrix_x4(r, B + f.b[q] + np * F::B16);
-            bf[2 * np][0] = r[0]; bf[2 * np][1] = r[1];
-            bf[2 * np + 1][0] = r[2]; bf[2 * np + 1][1] = r[3];
-        }
-#pragma unroll
-        for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-            for (int nf = 0; nf < NF; ++nf) D::mma(acc[mf][nf], af[mf], bf[nf]);
+        mma_kstep<D, MF, NF>(acc, af, B + f.b[q], F::B16);
     }
 }
 
@@ -554,12 +571,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     const int wm = warp / WN, wn = warp % WN;   // TC warp position
     const int tx = tid % TXN, ty = tid / TXN;   // FFMA thread position
     float acc[TC ? MF : TM][TC ? NF : TN][TC ? 4 : 1];
-#pragma unroll
-    for (int i = 0; i < (TC ? MF : TM); ++i)
-#pragma unroll
-        for (int j = 0; j < (TC ? NF : TN); ++j)
-#pragma unroll
-            for (int q = 0; q < (TC ? 4 : 1); ++q) acc[i][j][q] = 0.0f;
+    zero_acc(acc);
 
     typedef FragOffsets<S, BK, PaddedTile<LDA>, PaddedTile<LDB>> FO;
     const FO fo(wm * WTM, wn * WTN, lane);

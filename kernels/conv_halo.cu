@@ -102,19 +102,9 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     };
 
     // ---- B (weights) and residual-A copies into ring slot st -----------------------------------
-    constexpr int BVEC = BN * BK / VEC, BP = BVEC / NT;
-    static_assert(BVEC % NT == 0 && NT / KV >= 1, "B tile split");
-    constexpr int RPP = NT / KV;
-    const S *bsrc[BP];
-#pragma unroll
-    for (int i = 0; i < BP; ++i) {
-        const int v = tid + i * NT, n = v / KV;
-        bsrc[i] = wt + (size_t)(n0 + n) * ldw + (v % KV) * VEC;
-        pin(bsrc[i]);
-    }
-    static_assert(RPP % 8 == 0 || BP == 1, "rows RPP apart share the swizzle");
-    const u32 b_dst = L::off(tid / KV, kvv * VEC) * 2;
-    constexpr u32 ROWS_STEP = RPP * BK * 2;
+    typedef BCopies<S, BN, BK, VEC, NT> BC;
+    static_assert(BC::RPP % 8 == 0 || BC::BP == 1, "rows RPP apart share the swizzle");
+    const BC bc(wt, ldw, n0, tid);
 
     // Unit positions, walked by additions on both sides of the ring (the issue runs STAGES - 1
     // units ahead of the compute): chunk j, tap t (kx its column), the A offset of the tap within
@@ -153,14 +143,13 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         } else {
             const int c = (ip.u - nk0) * BK + kvv * VEC;   // residual segment: A rows of the tile
             const saddr a = slot + SLOT_B;
-            for (int r = tid / KV; r < BM; r += RPP) {
+            for (int r = tid / KV; r < BM; r += BC::RPP) {
                 const int m = m0 + r;
                 const bool ok = m < M && c < Cr;
                 cp_async16(a + L::off(r, kvv * VEC) * 2, ok ? xr + ((size_t)b * M + m) * ldr + c : wt, ok);
             }
         }
-#pragma unroll
-        for (int i = 0; i < BP; ++i) cp_async16(slot + b_dst + i * ROWS_STEP, bsrc[i] + ip.col, true);
+        bc.issue(slot + bc.dst, ip.col);
         advance(ip);
     };
 
@@ -176,12 +165,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         apix[mf] = (u32)((py * HC + px) * PS + (lane >> 4) * 16);
     }
     float acc[MF][NF][4];
-#pragma unroll
-    for (int i = 0; i < MF; ++i)
-#pragma unroll
-        for (int j = 0; j < NF; ++j)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+    zero_acc(acc);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -205,21 +189,11 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         if (cp.u < nk0) {
             const saddr A = halo0 + cp.a;
 #pragma unroll
-            for (int q = 0; q < BK / 16; ++q) {
-                u32 af[MF][4], bf[NF][2];
+            for (int q = 0; q < BK / 16; ++q) {   // A: each lane's pixel row of the halo, shifted by the tap
+                u32 af[MF][4];
 #pragma unroll
                 for (int mf = 0; mf < MF; ++mf) ldmatrix_x4(af[mf], A + apix[mf] + q * 32);
-#pragma unroll
-                for (int np = 0; np < NF / 2; ++np) {
-                    u32 r[4];
-                    ldmatrix_x4(r, B + fo.b[q] + np * decltype(fo)::B16);
-                    bf[2 * np][0] = r[0]; bf[2 * np][1] = r[1];
-                    bf[2 * np + 1][0] = r[2]; bf[2 * np + 1][1] = r[3];
-                }
-#pragma unroll
-                for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-                    for (int nf = 0; nf < NF; ++nf) D::mma(acc[mf][nf], af[mf], bf[nf]);
+                mma_kstep<D, MF, NF>(acc, af, B + fo.b[q], decltype(fo)::B16);
             }
         } else {
             mma_ktile<D, MF, NF, BK>(acc, B + SLOT_B, B, fo);

@@ -89,6 +89,31 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// The weights' (B) copies of one k-tile, shared with the halo conv: thread tid copies BP 16-byte
+// vectors, rows n = v / KV of the [BN][BK] swizzled tile (RPP rows apart, so they share the
+// swizzle); sources at column 0, pinned (weights are padded on upload, never out of bounds).
+template <class S, int BN, int BK, int VEC, int NT> struct BCopies {
+    static constexpr int KV = BK / VEC, BVEC = BN * BK / VEC, BP = BVEC / NT, RPP = NT / KV;
+    static_assert(BVEC % NT == 0, "B tile split");
+    static constexpr u32 ROWS_STEP = RPP * BK * sizeof(S);
+    const S *src[BP];
+    u32 dst;   // byte offset of the thread's first vector within a tile
+    __device__ __forceinline__ BCopies(const S *wt, int ldw, int n0, int tid) {
+#pragma unroll
+        for (int i = 0; i < BP; ++i) {
+            const int v = tid + i * NT;
+            src[i] = wt + (size_t)(n0 + v / KV) * ldw + (v % KV) * VEC;
+            pin(src[i]);
+        }
+        dst = SwizzledTile<BK>::off(tid / KV, (tid % KV) * VEC) * sizeof(S);
+    }
+    // the k-tile at weights column `col`; `to`: the thread's first destination (a tile base + dst)
+    __device__ __forceinline__ void issue(saddr to, int col) const {
+#pragma unroll
+        for (int i = 0; i < BP; ++i) cp_async16(to + i * ROWS_STEP, src[i] + col, true);
+    }
+};
+
 template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE, int STAGES>
 __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     typedef typename D::S S;
@@ -132,22 +157,13 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         k_off = (ky * Win + k_kx) * ldx + k_c;
         k_bit = k_tap < 32 ? 1u << k_tap : 0u;
     }
-    // B copies: weights padded on upload, never out of bounds; pointers at k-tile 0
-    constexpr int BVEC = BN * BK / VEC, BP = BVEC / NT;
-    static_assert(BVEC % NT == 0, "B tile split");
-    const S *bsrc[BP];
-#pragma unroll
-    for (int i = 0; i < BP; ++i) {
-        const int v = tid + i * NT, n = v / KV;
-        bsrc[i] = wt + (size_t)(n0 + n) * ldw + (v % KV) * VEC;
-        pin(bsrc[i]);
-    }
+    const BCopies<S, BN, BK, VEC, NT> bc(wt, ldw, n0, tid);
     // smem destinations and fragment addresses, as .shared offsets (stage 0; stage st adds st * stride)
     constexpr u32 A_STAGE = BM * BK * sizeof(S), B_STAGE = BN * BK * sizeof(S);
     const saddr a_s0 = smem_u32(As[0]), b_s0 = smem_u32(Bs[0]);
     // row r0 + i * RPP (and B row n + i * RPP) lies i * RPP * BK elements further: same swizzle
-    static_assert(RPP % 8 == 0 || (AP == 1 && BP == 1), "rows RPP apart share the swizzle");
-    saddr a_dst = a_s0 + L::off(r0, kv * VEC) * sizeof(S), b_dst = b_s0 + L::off(tid / KV, (tid % KV) * VEC) * sizeof(S);
+    static_assert(RPP % 8 == 0 || (AP == 1 && bc.BP == 1), "rows RPP apart share the swizzle");
+    saddr a_dst = a_s0 + L::off(r0, kv * VEC) * sizeof(S), b_dst = b_s0 + bc.dst;
     pin(a_dst);
     pin(b_dst);
     constexpr u32 ROWS_STEP = RPP * BK * sizeof(S);
@@ -186,8 +202,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
                 if (a_row_ok) cp_async16(A + i * ROWS_STEP, src, ok);
             }
         }
-#pragma unroll
-        for (int i = 0; i < BP; ++i) cp_async16(B + i * ROWS_STEP, bsrc[i] + kt * BK, true);   // NT / KV = RPP rows apart
+        bc.issue(B, kt * BK);
     };
 
     // After the wait: the thread normalizes the vectors it copied (its own cp.async writes are
@@ -211,12 +226,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     const int wm = warp / WN, wn = warp % WN;
     const FragOffsets<S, BK, L, L> fo(wm * WTM, wn * WTN, lane);
     float acc[MF][NF][4];
-#pragma unroll
-    for (int i = 0; i < MF; ++i)
-#pragma unroll
-        for (int j = 0; j < NF; ++j)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+    zero_acc(acc);
 
     // ---- pipeline. Tile i lives in stage i % STAGES; qmask/qchan hold the masks of the STAGES-1
     // tiles in flight, oldest first (a shift register: constant indices, stays in registers).

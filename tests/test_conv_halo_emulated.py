@@ -86,15 +86,13 @@ def test_every_halo_candidate_compiles_for_sm87_without_spills(tmp_path):
     """The halo tiles the tuner may pick (default config, batch 1 and 16) for Orin's sm_87: no
     spills, and registers that leave two CTAs per SM (the smem budget, HALO_SMEM_LIMIT, allows two)."""
     import shutil
-    import subprocess
 
     from runtime.config import UNetConfig
     from runtime.gpu.executor import view_layout
-    from runtime.gpu.kernels import module_source, nvrtc_options
     from runtime.gpu.tuning import candidates, tunable
     from runtime.plan import build_plan
     from runtime.weights import random_params
-    from test_conv_pipelined_cpu import ptxas_report
+    from test_conv_pipelined_cpu import sm87_ptxas
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -112,13 +110,7 @@ def test_every_halo_candidate_compiles_for_sm87_without_spills(tmp_path):
                         assert spec.smem <= ops.HALO_SMEM_LIMIT, (spec.key.symbol, spec.smem)
                         keys.add(spec.key)
     assert keys
-    src = tmp_path / "halo.cu"
-    src.write_text(module_source(sorted(keys, key=lambda k: k.symbol)))
-    opts = [o for o in nvrtc_options(87) if o.startswith(("-std", "-I"))]
-    r = subprocess.run([nvcc, "-cubin", "-arch=sm_87", *opts, "-Xptxas", "-v", str(src), "-o",
-                        str(tmp_path / "halo.cubin")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
-    rep = ptxas_report(r.stdout + r.stderr)
+    rep = sm87_ptxas(nvcc, sorted(keys, key=lambda k: k.symbol), tmp_path)
     for k in keys:
         f = rep[k.symbol]
         assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)

@@ -59,7 +59,7 @@ def emu_source(keys) -> str:
     common = sub1(r"__device__ __forceinline__ void ldmatrix_x4\(.*?\n\}",
                   "inline void ldmatrix_x4(u32 r[4], saddr a) { emu_ldmatrix_x4(r, (const void *)a); }", common)
     conv = sub1(r"extern __shared__ __align__\(16\) float dyn_smem\[\];", "", (k / "conv.cu").read_text())
-    pipe = sub1(r"__device__ __forceinline__ void cp_async16\(.*?(?=template <class D)", CP_EMU,
+    pipe = sub1(r"__device__ __forceinline__ void cp_async16\(.*?(?=template <class)", CP_EMU,
                 (k / "conv_pipe.cu").read_text())
     halo = (k / "conv_halo.cu").read_text()
     wrap = ("#define EMU_WRAP(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, CONV_PARAMS) "

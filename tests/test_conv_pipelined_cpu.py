@@ -231,6 +231,18 @@ def ptxas_report(text: str) -> dict:
     return out
 
 
+def sm87_ptxas(nvcc: str, keys, tmp_path) -> dict:
+    """The module of `keys` compiled by nvcc for sm_87 with the runtime's include options: ptxas's
+    report per kernel (test_conv_halo_emulated.py uses it too)."""
+    src = tmp_path / "sm87.cu"
+    src.write_text(module_source(keys))
+    opts = [o for o in nvrtc_options(87) if o.startswith(("-std", "-I"))]
+    r = subprocess.run([nvcc, "-cubin", "-arch=sm_87", *opts, "-Xptxas", "-v", str(src), "-o",
+                        str(tmp_path / "sm87.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return ptxas_report(r.stdout + r.stderr)
+
+
 @pytest.mark.slow
 def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
     nvcc = shutil.which("nvcc")
@@ -242,13 +254,7 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
     dyn = {}
     for s in ex.specs:
         dyn[s.key.symbol] = max(dyn.get(s.key.symbol, 0), s.smem)
-    src = tmp_path / "pipe.cu"
-    src.write_text(module_source(keys))
-    opts = [o for o in nvrtc_options(87) if o.startswith(("-std", "-I"))]
-    r = subprocess.run([nvcc, "-cubin", "-arch=sm_87", *opts, "-Xptxas", "-v", str(src), "-o",
-                        str(tmp_path / "pipe.cubin")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
-    rep = ptxas_report(r.stdout + r.stderr)
+    rep = sm87_ptxas(nvcc, keys, tmp_path)
     for k in keys:
         f = rep[k.symbol]
         assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
