@@ -14,6 +14,10 @@
 // normalizes it once in place, and runs the 9 taps as 9 k-units whose A fragments are the same
 // halo read at a constant pixel shift: each lane's ldmatrix row address is its pixel's, plus
 // (ky * (TW + 2) + kx) pixels. Only the weights (B) stream through the cp.async ring per unit.
+// Measured (docs/perf-notes.md, session 5, H100): the 64x64-level conv1 at batch 16 43 -> 33 us;
+// it wins where the grid fills the GPU, never at batch 1 (latency chains): tools/tune_tiles.py
+// decides per op. Its loop bookkeeping is walked by additions (divisions per unit or per halo
+// vector cost as many instructions as the mma did, per Nsight Compute's source view).
 //
 // K order: unit u = chunk * 9 + tap (chunk = BK channels), then the residual segment's units, each
 // BK columns of the packed weights: unit u of segment 0 reads columns tap * Cin + chunk * BK. With

@@ -25,8 +25,8 @@ from ..reference import Reference
 from . import memory
 from .backend import get_backend
 from .kernels import KernelSet
-from .ops import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec, storage_dtype,
-                  to_device)
+from .ops import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec,
+                  storage_dtype, to_device)
 from .tuning import find_tiles
 
 PRECISIONS = ("fp32", "fp16", "bf16")

@@ -35,7 +35,7 @@ MAX_STAGES = 6
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
 PIPE_SCRATCH = 3 * 1024                              # its other static smem (reductions, gate, epilogue operands)
 GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, mean_rstd, dred, last)
-HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic smem (opt-in): 2 CTAs per SM on sm_87 (164 KB)
+HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic smem: 2 CTAs per sm_87 SM (164 KB)
 
 
 def P(v: int) -> np.uint64:
@@ -277,7 +277,8 @@ def halo_problems(key: ConvKey, g: ConvGeom) -> List[str]:
         (key.kh != 3 or key.stride != 1 or key.gate, "3x3 stride-1 convs only"),
         (key.dtype == "fp32" or key.vec != VEC_MAX[key.dtype], "16-bit with 16-byte vectors only"),
         (g.cin % key.bk != 0, f"Cin {g.cin} not a multiple of BK {key.bk}"),
-        (key.bm % g.wout != 0 and g.wout % key.bm != 0, f"BM {key.bm} neither whole rows nor a row part of width {g.wout}"),
+        (key.bm % g.wout != 0 and g.wout % key.bm != 0,
+         f"BM {key.bm} neither whole rows nor a row part of width {g.wout}"),
         (not 2 <= key.stages <= 10, f"{key.stages} weight slots"),
         ((key.bm // tw + 2) * (tw + 2) > 32 * (key.threads * 8 // key.bk),
          "more than 32 halo vectors per thread (one bit mask)"),
@@ -381,7 +382,6 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     dyn = 8 * xt.channels if op.norm else 0
     return (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
             or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
-
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:

@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from ..plan import CONV, GATE, Op
-from .ops import (HALO_STAGES, MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, check_key,
-                  conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, kernel_kind, pipe_ring_bytes)
+from .ops import (HALO_STAGES, MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv,
+                  check_key, conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, kernel_kind, pipe_ring_bytes)
 
 FORMAT = 1
 ENV = "JETSON_UNET_TILES"
