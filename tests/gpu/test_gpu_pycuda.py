@@ -201,3 +201,26 @@ def test_pycuda_equals_cupy_in_one_process(backend, cupy_backend, weights, mode)
     assert np.array_equal(out["pycuda"], out["pycuda again"])
     assert np.array_equal(out["cupy"], out["cupy again"])
     assert err < CROSS_TOL
+
+
+@pytest.mark.gpu
+def test_pycuda_halo_conv_equals_cupy(backend, cupy_backend, weights):
+    """The halo conv needs more dynamic smem than the default 48 KB: pycuda's opt-in (a function
+    attribute) must be set before its launches. A batch-16 call with halo tiles wherever they apply,
+    through both backends."""
+    from runtime.gpu.executor import device_sm_count
+    from test_gpu_halo import halo_rounds, halo_symbols
+    cfg = weights.config
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((16, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
+    t = (np.arange(16) * 7) % cfg.timesteps
+    tiles = halo_rounds(weights, "fp16", 16, device_sm_count(cupy_backend))[0][0]
+    out, n_halo = {}, {}
+    for be in (cupy_backend, backend):
+        with kernels_of(be), GpuExecutor(weights, "fp16", batch=16, backend=be, tiles=tiles) as ex:
+            n_halo[be.name] = len(halo_symbols(ex))
+            out[be.name] = ex.eps(x, t)
+    err = rel(out["pycuda"], out["cupy"])
+    report(f"pycuda vs cupy halo conv fp16 b16 ({n_halo['pycuda']} halo launches): rel L2 {err:.2e}")
+    assert n_halo["pycuda"] == n_halo["cupy"] > 0 and np.isfinite(out["pycuda"]).all()
+    assert err < CROSS_TOL
