@@ -67,6 +67,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     const u32 hoff = (u32)(((dyn0 + (norm ? 8u * Cin : 0u) + 127u) & ~(saddr)127) - dyn0);
     char *halo_p = reinterpret_cast<char *>(dyn_smem) + hoff;   // generic pointer of buffer 0
     const saddr halo0 = dyn0 + hoff, ring0 = halo0 + NH * HALO;
+    auto buf = [&](int j) -> u32 { return (NH == 2 && (j & 1)) ? HALO : 0u; };   // chunk j's buffer offset
     const S *xs = x + (size_t)b * Hin * Win * ldx;
     const int kvv = tid % KV;   // the thread's channel group in every halo vector it copies
     constexpr int PSTEP = NT / KV;   // pixels between a thread's halo vectors
@@ -76,7 +77,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     // (one per buffer parity: two chunks can be in flight) for the normalization after the wait.
     u32 hmask0 = 0, hmask1 = 0;
     auto issue_halo = [&](int j) {
-        const saddr h = halo0 + ((NH == 2 && (j & 1)) ? HALO : 0u) + kvv * 16;
+        const saddr h = halo0 + buf(j) + kvv * 16;
         const int c = j * BK + kvv * VEC, npix = HR * HC;
         int hy = 0, hx = tid / KV;
         while (hx >= HC) { hx -= HC; ++hy; }
@@ -96,7 +97,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         if (!norm) return;
         GnCoef<D, VEC> g;
         g.load(Cin, j * BK + kvv * VEC);
-        char *q = halo_p + ((NH == 2 && (j & 1)) ? HALO : 0u) + kvv * 16 + (tid / KV) * PS;
+        char *q = halo_p + buf(j) + kvv * 16 + (tid / KV) * PS;
         for (u32 mask = (j & 1) ? hmask1 : hmask0; mask; mask >>= 1, q += PSTEP * PS) {
             if (!(mask & 1u)) continue;   // padding stays 0
             Vec<S, VEC> v = vload<S, VEC>(reinterpret_cast<S *>(q));
@@ -122,7 +123,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         const int ky = q.tap / 3;
         q.kx = q.tap - ky * 3;
         q.col = u < nk0 ? q.tap * Cin + q.j * BK : u * BK;
-        q.a = ((NH == 2 && (q.j & 1)) ? HALO : 0u) + (u32)((ky * HC + q.kx) * PS);
+        q.a = buf(q.j) + (u32)((ky * HC + q.kx) * PS);
         return q;
     };
     auto advance = [&](Pos &q) {
@@ -132,7 +133,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         } else if (++q.tap == 9) {            // next chunk, tap 0
             q.tap = 0; q.kx = 0; ++q.j;
             q.col = q.j * BK;
-            q.a = (NH == 2 && (q.j & 1)) ? HALO : 0u;
+            q.a = buf(q.j);
         } else {
             q.col += Cin;
             if (++q.kx == 3) { q.kx = 0; q.a += (u32)((HC - 2) * PS); } else { q.a += PS; }

@@ -29,7 +29,6 @@ DW_TILE, DW_CC, DW_THREADS = 8, 32, 256              # dwconv.cu
 INIT_TILE, FINAL_THREADS = 8, 128                    # io.cu
 GATE_MAX_N = 256
 STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # cp.async ring depth of the GEMM conv (0: off)
-HALO_STAGES = 3                                      # weight slots of the halo tiles the tuner times
 DEFAULT_STAGES = 3                                   # docs/perf-notes.md: s3 = s4 > s6 > s0 on an H100
 MAX_STAGES = 6
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
@@ -272,7 +271,7 @@ def halo_smem(key: ConvKey, g: ConvGeom) -> int:
 
 def halo_problems(key: ConvKey, g: ConvGeom) -> List[str]:
     """Why conv_halo.cu cannot run this op with this key ([] if it can)."""
-    tw = min(key.bm, g.wout)
+    tw, smem = min(key.bm, g.wout), halo_smem(key, g)
     return [msg for cond, msg in [
         (key.kh != 3 or key.stride != 1 or key.gate, "3x3 stride-1 convs only"),
         (key.dtype == "fp32" or key.vec != VEC_MAX[key.dtype], "16-bit with 16-byte vectors only"),
@@ -282,7 +281,7 @@ def halo_problems(key: ConvKey, g: ConvGeom) -> List[str]:
         (not 2 <= key.stages <= 10, f"{key.stages} weight slots"),
         ((key.bm // tw + 2) * (tw + 2) > 32 * (key.threads * 8 // key.bk),
          "more than 32 halo vectors per thread (one bit mask)"),
-        (halo_smem(key, g) > HALO_SMEM_LIMIT, f"{halo_smem(key, g)} B of shared memory"),
+        (smem > HALO_SMEM_LIMIT, f"{smem} B of shared memory"),
     ] if cond]
 
 
@@ -301,7 +300,7 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
     tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk,
                                 stages=t.stages if ctx.conv_stages else 0, halo=bool(t.halo))
     check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
-    bad = halo_problems(tuned, geom) if (tuned.halo and geom) else ["not a conv"] if tuned.halo else []
+    bad = (halo_problems(tuned, geom) if geom else ["a gate"]) if tuned.halo else []
     if bad:
         raise ConfigError(f"tuned tile of {name}: halo conv {tuned.symbol} is not supported ({'; '.join(bad)})")
     return tuned

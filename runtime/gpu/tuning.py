@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from ..plan import CONV, GATE, Op
-from .ops import (HALO_STAGES, MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv,
+from .ops import (MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv,
                   check_key, conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, kernel_kind, pipe_ring_bytes)
 
 FORMAT = 1
@@ -39,6 +39,7 @@ GATE_ROWS = ((32, 2, 2), (64, 2, 2), (32, 1, 4), (64, 1, 4))
 # with <= 32 accumulators per thread (128x128 with 8 warps spilled on sm_87)
 HALO_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 4, 2),
               (64, 128, 2, 4))
+HALO_STAGES = 3   # weight slots in flight (the halo itself is loaded once per channel chunk)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
