@@ -1,0 +1,125 @@
+"""The depthwise conv (kernels/dwconv.cu) run on the CPU by tests/emu/simt.h (see
+tests/test_conv_pipe_emulated.py), against the NumPy reference's depthwise conv2d + bias + time bias
+in float64, and its GroupNorm partials against the same tiles summed in float64. Cases: 16-byte and
+scalar loads, fp16 / bf16 / fp32, views of a concat buffer on both sides (pixel stride > C, an
+offset channel window), a ragged last row and column tile, a ragged last channel tile, two
+samples with different timesteps. Outputs are NaN-poisoned: every element the kernel owns must be
+written, and nothing outside its channel window may be."""
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from runtime import kernels_dir
+from runtime.gpu import ops
+from runtime.gpu.kernels import SimpleKey
+from runtime.reference import conv2d
+from test_conv_pipe_emulated import emu_source, values
+
+pytestmark = pytest.mark.slow
+
+# (name, dtype, vec, shape): H, W, C, batch, input pixel stride / channel offset, output stride / offset
+CASES = [
+    ("fp16-v8-views-ragged", "fp16", 8, dict(h=12, w=10, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8, tbias=True)),
+    ("fp16-scalar-odd-channels", "fp16", 1, dict(h=9, w=9, c=13, batch=1, ldx=13, x0=0, ldo=16, o0=3, tbias=False)),
+    ("bf16-v8", "bf16", 8, dict(h=8, w=16, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True)),
+    ("fp32-v4-two-channel-tiles", "fp32", 4, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0, tbias=True)),
+]
+K = 7
+
+
+def dw_key(dtype: str, vec: int) -> SimpleKey:
+    return SimpleKey("dwconv", dtype, K, vec)
+
+
+def dw_params() -> list:
+    text = (kernels_dir() / "dwconv.cu").read_text()
+    body = re.search(r"#define DW_PARAMS\s*\\?\n?(.*?)\n#define", text, re.S).group(1)
+    return ["p" if "*" in p else "i" for p in (q.strip() for q in body.replace("\\", " ").split(","))]
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    d = tmp_path_factory.mktemp("emu-dw")
+    keys = sorted({dw_key(dt, v) for _, dt, v, _ in CASES}, key=lambda k: k.symbol)
+    wrap = ("#define EMU_DW(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, DW_PARAMS) "
+            "{ emu_launch([&] { name(DW_ARGS); }, gx, gy, gz, nt); }")
+    src = "\n".join([emu_source([]), (kernels_dir() / "dwconv.cu").read_text(), wrap]
+                    + [k.instance() for k in keys] + [f"EMU_DW({k.symbol})" for k in keys]) + "\n"
+    (d / "emu.cpp").write_text(src)
+    cmd = [cxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC", "-w",
+           f"-I{kernels_dir()}", str(d / "emu.cpp"), "-o", str(d / "emu.so")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode and ("_Float16" in r.stderr or "barrier" in r.stderr):
+        pytest.skip(f"this g++ lacks _Float16 or <barrier>: {r.stderr[:300]}")
+    assert r.returncode == 0, r.stderr[-4000:]
+    return ctypes.CDLL(str(d / "emu.so"))
+
+
+def poison(shape, dtype: str) -> np.ndarray:
+    if dtype == "fp32":
+        return np.full(shape, np.nan, dtype=np.float32)
+    return np.full(shape, 0x7E00 if dtype == "fp16" else 0x7FC0, dtype=np.uint16)
+
+
+def as_float(a: np.ndarray, dtype: str) -> np.ndarray:
+    return a.astype(np.float64) if dtype == "fp32" else values(a, dtype).astype(np.float64)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_dwconv_matches_reference(lib, case):
+    name, dt, vec, s = case
+    rng = np.random.default_rng(7)
+    b, h, w, c = s["batch"], s["h"], s["w"], s["c"]
+    xbuf = ops.to_device(rng.standard_normal((b, h, w, s["ldx"])), dt)   # the whole concat buffer
+    if dt == "fp16":
+        xbuf = xbuf.view(np.uint16)
+    wt = (rng.standard_normal((c, 1, K, K)) / K).astype(np.float32)
+    bias = rng.standard_normal(c).astype(np.float32)
+    tb = rng.standard_normal((5, c)).astype(np.float32)
+    t_idx = np.array([3, 1][:b], dtype=np.int32)
+    out = poison((b, h, w, s["ldo"]), dt)
+    tiles_x, tiles_y, ctiles = -(-w // ops.DW_TILE), -(-h // ops.DW_TILE), -(-c // ops.DW_CC)
+    st = np.full((b, ctiles * tiles_y * tiles_x, 4), np.nan, dtype=np.float32)
+    wk = np.ascontiguousarray(wt.reshape(c, K * K).T)
+    x0, o0 = s["x0"], s["o0"]
+    esize = 4 if dt == "fp32" else 2
+    ptr = lambda a, off=0: ctypes.c_void_p(a.ctypes.data + off * esize)   # noqa: E731
+    args = [ptr(xbuf, x0), h, w, c, s["ldx"], ptr(wk), ptr(bias), ptr(tb) if s["tbias"] else ctypes.c_void_p(0),
+            c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st)]
+    cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(dw_params(), args)]
+    getattr(lib, "emu_" + dw_key(dt, vec).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
+
+    x = as_float(xbuf[..., x0:x0 + c], dt).transpose(0, 3, 1, 2)
+    want = conv2d(x, wt.astype(np.float64), bias.astype(np.float64), groups=c)
+    if s["tbias"]:
+        want = want + tb[t_idx].astype(np.float64)[:, :, None, None]
+    want = want.transpose(0, 2, 3, 1)
+    got_all = as_float(out, dt)
+    got = got_all[..., o0:o0 + c]
+    assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} outputs unwritten"
+    outside = np.delete(got_all, np.s_[o0:o0 + c], axis=3)
+    assert np.isnan(outside).all(), f"{name}: wrote outside its channel window"
+    # fp32 sums of 49 terms, then one rounding to the output dtype
+    tol = {"fp32": 1e-5, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}[dt] * 2 * np.abs(want).max()
+    err = np.abs(got - want).max()
+    assert err <= tol, f"{name}: max error {err:.3g} > {tol:.3g}"
+
+    # GroupNorm partials: per CTA tile {count, sum, M2 about the tile mean} of the fp32 values
+    for bb in range(b):
+        for ct in range(ctiles):
+            for ty in range(tiles_y):
+                for tx in range(tiles_x):
+                    blk = want[bb, ty * 8:ty * 8 + 8, tx * 8:tx * 8 + 8, ct * 32:ct * 32 + 32]
+                    n, sm, m2, _ = st[bb, (ct * tiles_y + ty) * tiles_x + tx]
+                    assert n == blk.size
+                    assert np.isclose(sm, blk.sum(), rtol=1e-4, atol=1e-3 * blk.size ** 0.5)
+                    assert np.isclose(m2, ((blk - blk.mean()) ** 2).sum(), rtol=1e-3)
