@@ -1,7 +1,7 @@
-// simt.h: just enough of CUDA to run kernels/conv.cu and conv_pipe.cu on the CPU, one std::thread
-// per CUDA thread, one CTA at a time (tests/test_conv_pipe_emulated.py). Not a GPU model: it has
-// the semantics the kernels rely on (barriers, warp-collective ldmatrix / mma.sync / shuffles, the
-// fragment layouts of m16n8k16, cp.async groups) and nothing of the timing.
+// simt.h: just enough of CUDA to run kernels/conv.cu, conv_pipe.cu, conv_halo.cu and dwconv.cu on the
+// CPU, one std::thread per CUDA thread, one CTA at a time (tests/test_*_emulated.py). Not a GPU
+// model: it has the semantics the kernels rely on (barriers, warp-collective ldmatrix / mma.sync /
+// shuffles, the fragment layouts of m16n8k16, cp.async groups) and nothing of the timing.
 //   cp.async is deferred: a copy lands when its group is waited for (wait_group), never earlier,
 //   so reading a stage before its wait, or a wait that is too weak, shows up as stale data.
 // The test substitutes the inline-PTX helpers of common.cuh / conv_pipe.cu with the emu_* below;
