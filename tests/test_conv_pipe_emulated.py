@@ -96,20 +96,25 @@ CASES = [
 ]
 
 
-def build_lib(keys, d: Path) -> ctypes.CDLL:
-    """The emulated kernels of `keys`, compiled into a shared library in folder d (skips without g++)."""
+def compile_emu(source: str, d: Path, opts=("-O1",)) -> ctypes.CDLL:
+    """An emulated-kernel source compiled by g++ into a shared library in folder d (skips without a
+    g++ that has _Float16 and <barrier>)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no g++")
-    keys = sorted(set(keys), key=lambda k: k.symbol)
-    (d / "emu.cpp").write_text(emu_source(keys))
-    cmd = [cxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC", "-w",
-           f"-I{kernels_dir()}", str(d / "emu.cpp"), "-o", str(d / "emu.so")]   # conv.cu's #include: guarded
+    (d / "emu.cpp").write_text(source)
+    cmd = [cxx, "-std=c++20", *opts, "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC", "-w",
+           f"-I{kernels_dir()}", str(d / "emu.cpp"), "-o", str(d / "emu.so")]   # the kernels' #include: guarded
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode and ("_Float16" in r.stderr or "barrier" in r.stderr):
         pytest.skip(f"this g++ lacks _Float16 or <barrier>: {r.stderr[:300]}")
     assert r.returncode == 0, r.stderr[-4000:]
     return ctypes.CDLL(str(d / "emu.so"))
+
+
+def build_lib(keys, d: Path) -> ctypes.CDLL:
+    """The emulated kernels of `keys`, compiled into a shared library in folder d (skips without g++)."""
+    return compile_emu(emu_source(sorted(set(keys), key=lambda k: k.symbol)), d)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from runtime import kernels_dir
 from runtime.gpu import ops
 from runtime.gpu.kernels import SimpleKey
 from runtime.reference import conv2d
-from test_conv_pipe_emulated import emu_source, values
+from test_conv_pipe_emulated import compile_emu, emu_source, values
 
 pytestmark = pytest.mark.slow
 
@@ -45,23 +43,12 @@ def dw_params() -> list:
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no g++")
-    d = tmp_path_factory.mktemp("emu-dw")
     keys = sorted({dw_key(dt, v) for _, dt, v, _ in CASES}, key=lambda k: k.symbol)
     wrap = ("#define EMU_DW(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, DW_PARAMS) "
             "{ emu_launch([&] { name(DW_ARGS); }, gx, gy, gz, nt); }")
     src = "\n".join([emu_source([]), (kernels_dir() / "dwconv.cu").read_text(), wrap]
                     + [k.instance() for k in keys] + [f"EMU_DW({k.symbol})" for k in keys]) + "\n"
-    (d / "emu.cpp").write_text(src)
-    cmd = [cxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC", "-w",
-           f"-I{kernels_dir()}", str(d / "emu.cpp"), "-o", str(d / "emu.so")]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode and ("_Float16" in r.stderr or "barrier" in r.stderr):
-        pytest.skip(f"this g++ lacks _Float16 or <barrier>: {r.stderr[:300]}")
-    assert r.returncode == 0, r.stderr[-4000:]
-    return ctypes.CDLL(str(d / "emu.so"))
+    return compile_emu(src, tmp_path_factory.mktemp("emu-dw"))
 
 
 def poison(shape, dtype: str) -> np.ndarray:

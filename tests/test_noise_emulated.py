@@ -8,8 +8,6 @@ kernels (the U-Net's launches are no-ops). No GPU needed; skipped without g++.""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ import pytest
 from runtime import kernels_dir
 from runtime.gpu import noise_ref
 from runtime.gpu.noise import FLAG_AMBIGUOUS, FLAG_SHORT, DeviceNoise
+from test_conv_pipe_emulated import compile_emu
 
 pytestmark = pytest.mark.slow
 EMU = Path(__file__).parent / "emu"
@@ -57,18 +56,7 @@ def emu_source() -> str:
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no g++")
-    d = tmp_path_factory.mktemp("noise_emu")
-    (d / "emu.cpp").write_text(emu_source())
-    cmd = [cxx, "-std=c++20", "-O2", "-ffp-contract=off", "-fno-strict-aliasing", "-pthread", "-shared", "-fPIC",
-           "-w", str(d / "emu.cpp"), "-o", str(d / "emu.so")]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode and "barrier" in r.stderr:
-        pytest.skip(f"this g++ lacks <barrier>: {r.stderr[:300]}")
-    assert r.returncode == 0, r.stderr[-4000:]
-    return ctypes.CDLL(str(d / "emu.so"))
+    return compile_emu(emu_source(), tmp_path_factory.mktemp("noise_emu"), opts=("-O2", "-ffp-contract=off"))
 
 
 class HostBuffer:
