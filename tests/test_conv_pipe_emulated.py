@@ -122,9 +122,10 @@ def emu_lib(tmp_path_factory):
     return build_lib([k for _, s, p, _ in CASES for k in [s] + p], tmp_path_factory.mktemp("emu"))
 
 
-def conv_params() -> list:
-    text = (kernels_dir() / "conv.cu").read_text()
-    body = re.search(r"#define CONV_PARAMS\s*\\?\n?(.*?)\n#define", text, re.S).group(1)
+def macro_params(file: str = "conv.cu", macro: str = "CONV_PARAMS") -> list:
+    """The kinds of a kernel parameter-list macro's parameters: "p" pointer, "f" float, "i" int."""
+    text = (kernels_dir() / file).read_text()
+    body = re.search(rf"#define {macro}\s*\\?\n?(.*?)\n#define", text, re.S).group(1)
     params = [p.strip() for p in body.replace("\\", " ").split(",")]
     return ["p" if "*" in p else ("f" if p.startswith("float") else "i") for p in params]
 
@@ -186,7 +187,7 @@ class Problem:
                 None if self.gate else st_part, self.act, p(ops.padded(self.psi, npad) if self.gate else None),
                 0.25, self.splits, p(ws if self.splits > 1 else None), p(counters if self.splits > 1 else None)]
         cargs = []
-        for kind, a in zip(conv_params(), args):
+        for kind, a in zip(macro_params(), args):
             if kind == "p":
                 cargs.append(a if isinstance(a, ctypes.c_void_p) else
                              ctypes.c_void_p(a.ctypes.data) if a is not None else ctypes.c_void_p(0))

@@ -8,7 +8,6 @@ written, and nothing outside its channel window may be."""
 from __future__ import annotations
 
 import ctypes
-import re
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from runtime import kernels_dir
 from runtime.gpu import ops
 from runtime.gpu.kernels import SimpleKey
 from runtime.reference import conv2d
-from test_conv_pipe_emulated import compile_emu, emu_source, values
+from test_conv_pipe_emulated import compile_emu, emu_source, macro_params, values
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +32,6 @@ K = 7
 
 def dw_key(dtype: str, vec: int) -> SimpleKey:
     return SimpleKey("dwconv", dtype, K, vec)
-
-
-def dw_params() -> list:
-    text = (kernels_dir() / "dwconv.cu").read_text()
-    body = re.search(r"#define DW_PARAMS\s*\\?\n?(.*?)\n#define", text, re.S).group(1)
-    return ["p" if "*" in p else "i" for p in (q.strip() for q in body.replace("\\", " ").split(","))]
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +67,18 @@ def test_dwconv_matches_reference(lib, case):
     tb = rng.standard_normal((5, c)).astype(np.float32)
     t_idx = np.array([3, 1][:b], dtype=np.int32)
     out = poison((b, h, w, s["ldo"]), dt)
-    tiles_x, tiles_y, ctiles = -(-w // ops.DW_TILE), -(-h // ops.DW_TILE), -(-c // ops.DW_CC)
+    tiles_x, tiles_y, ctiles = ops.cdiv(w, ops.DW_TILE), ops.cdiv(h, ops.DW_TILE), ops.cdiv(c, ops.DW_CC)
     st = np.full((b, ctiles * tiles_y * tiles_x, 4), np.nan, dtype=np.float32)
     wk = np.ascontiguousarray(wt.reshape(c, K * K).T)
     x0, o0 = s["x0"], s["o0"]
     esize = 4 if dt == "fp32" else 2
-    ptr = lambda a, off=0: ctypes.c_void_p(a.ctypes.data + off * esize)   # noqa: E731
+
+    def ptr(a, off=0):   # the address of element `off` of a (the channel window's first)
+        return ctypes.c_void_p(a.ctypes.data + off * esize)
+
     args = [ptr(xbuf, x0), h, w, c, s["ldx"], ptr(wk), ptr(bias), ptr(tb) if s["tbias"] else ctypes.c_void_p(0),
             c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st)]
-    cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(dw_params(), args)]
+    cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(macro_params("dwconv.cu", "DW_PARAMS"), args)]
     getattr(lib, "emu_" + dw_key(dt, vec).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
 
     x = as_float(xbuf[..., x0:x0 + c], dt).transpose(0, 3, 1, 2)
