@@ -4,7 +4,7 @@
 // <cuda_fp16.h>/<mma.h> everywhere): fp16/bf16 are stored as raw 16-bit words and converted with
 // inline PTX (cvt.*, sm_80+). Tensor cores through inline PTX `mma.sync.m16n8k16` + `ldmatrix`.
 // GroupNorm(1) statistics travel between kernels as per-CTA partials (count, sum, M2 about the
-// tile mean); the consumer merges them in double with Chan's formula (no atomics, deterministic).
+// tile mean); the consumer merges them in fp32 in two passes (no atomics, deterministic).
 #ifndef SEED_COMMON_CUH
 #define SEED_COMMON_CUH
 
@@ -133,17 +133,25 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], saddr a) {
 }
 
 // ---- math ---------------------------------------------------------------------------------------
+// a / d for 0 <= a < 2^22 and d >= 1, through the fp32 reciprocal: the estimate is within 0.75 of
+// a / d (rcp.approx and the product err by < 1.5 * 2^-23 relative), so its truncation is off by at
+// most one, which one remainder test corrects: exact. ~9 instructions where a signed int division
+// compiles to ~25 and an unsigned one to ~14; a batch-1 conv's set-up (tile coordinates, split
+// ranges, pixel rows, the tap of a k position) is a serial chain of them, ~1/3 of its ~370 set-up
+// instructions (Nsight Compute, docs/perf-notes.md session 7). The host keeps every dividend under
+// 2^22 (ops.kernel_kind: pixels per sample, K).
+__device__ __forceinline__ int div_small(int a, int d) {
+    int q = __float2int_rz(__fdividef((float)a, (float)d));
+    const int r = a - q * d;
+    q += (r >= d) - (r < 0);
+    return q;
+}
+
 __device__ __forceinline__ float gelu_f(float v) {   // exact erf form, as the spec
     return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -170,29 +178,74 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // writes {count, sum, M2 about the tile mean, 0}. Two passes over registers: no cancellation.
 struct StatPartial { float n, sum, m2, pad; };
 
-// Consumer: merge the P partials of one sample in double over the whole CTA (one pass, a few
-// independent loads per thread: this sits in front of every normalized conv, so its latency
-// counts): N = sum n_i, S = sum s_i, Q = sum (m2_i + s_i^2 / n_i); M2 = Q - S^2 / N (Chan et al.,
-// exact in double for any realistic mean/std ratio). Writes mean, rstd; `dred` holds 3*32 doubles.
-__device__ __forceinline__ void gn_merge(const float4* part, int P, float eps, float* mean_rstd, double* dred) {
+// Consumer: merge the P partials (count n_i, sum s_i, M2 m_i about the tile mean) of one sample over
+// the whole CTA, returning (mean, rstd) to every thread. Two passes in fp32, one barrier each:
+// 1. the mean, as sums of deviations from a shift: each warp sums n_i and s_i - n_i K_w about K_w,
+//    the mean of its lane 0's partial; the nw warp sums then meet about warp 0's (partial 0's) mean,
+//    which keeps the mean within about one rounding of itself where a plain S / N lost a few
+//    roundings to S's magnitude;
+// 2. M2 = sum (m_i + n_i (s_i / n_i - mean)^2), a sum of non-negative terms about the merged mean,
+//    so nothing cancels whatever the mean/std ratio or the spread of the tile means (Chan et al.).
+// The thread's first partial is loaded at the kernel's entry (GnPrefetch), so its latency overlaps
+// the kernel's set-up and first copies instead of following them; partials past the first blockDim
+// are loaded here, and reloaded by pass 2 (L1 hits).
+// This was a one-pass merge in double, which the Orin (FP64 at 1/64 of FP32) would pay dearly for:
+// a DDIV per partial in every thread, then DDIV / DSQRT on one thread behind a barrier.
+struct GnPrefetch {   // a load only: nothing here waits for it
+    float4 v;   // partial threadIdx.x (< P), else zeros
+    __device__ __forceinline__ GnPrefetch(const float4* part, int P) {
+        v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (part && (int)threadIdx.x < P) v = part[threadIdx.x];
+    }
+};
+
+// `scratch` holds 4 * 32 floats.
+__device__ __forceinline__ float2 gn_merge(const float4* part, int P, const GnPrefetch& pre, float eps,
+                                           float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    double n = 0.0, s = 0.0, q = 0.0;
-    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+    const float kn = __shfl_sync(0xffffffffu, pre.v.x, 0), ks = __shfl_sync(0xffffffffu, pre.v.y, 0);
+    const float K = kn > 0.0f ? ks / kn : 0.0f;
+    float n = pre.v.x, d = fmaf(-pre.v.x, K, pre.v.y);
+    for (int i = threadIdx.x + blockDim.x; i < P; i += blockDim.x) {
         const float4 v = part[i];
         n += v.x;
-        s += v.y;
-        if (v.x > 0.0f) q += (double)v.z + (double)v.y * v.y / v.x;
+        d += fmaf(-v.x, K, v.y);
     }
-    n = warp_sum_d(n); s = warp_sum_d(s); q = warp_sum_d(q);
-    if (lane == 0) { dred[warp] = n; dred[32 + warp] = s; dred[64 + warp] = q; }
+    n = warp_sum(n);
+    d = warp_sum(d);
+    if (lane == 0) { scratch[warp] = n; scratch[32 + warp] = d; scratch[64 + warp] = K; }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        double tn = 0.0, ts = 0.0, tq = 0.0;
-        for (int w = 0; w < nw; ++w) { tn += dred[w]; ts += dred[32 + w]; tq += dred[64 + w]; }
-        const double mean = ts / tn, var = fmax((tq - ts * ts / tn) / tn, 0.0);
-        mean_rstd[0] = (float)mean;
-        mean_rstd[1] = (float)(1.0 / sqrt(var + (double)eps));
+    const float K0 = scratch[64];
+    float tn = 0.0f, td = 0.0f;
+    for (int w = 0; w < nw; ++w) {
+        tn += scratch[w];
+        td += fmaf(scratch[w], scratch[64 + w] - K0, scratch[32 + w]);
     }
+    const float mean = K0 + td / tn;
+    auto m2 = [&](const float4& v) {
+        const float dm = v.y / v.x - mean;
+        return v.x > 0.0f ? v.z + v.x * dm * dm : 0.0f;
+    };
+    float q = m2(pre.v);
+    for (int i = threadIdx.x + blockDim.x; i < P; i += blockDim.x) q += m2(part[i]);
+    q = warp_sum(q);
+    if (lane == 0) scratch[96 + warp] = q;
+    __syncthreads();
+    float tq = 0.0f;
+    for (int w = 0; w < nw; ++w) tq += scratch[96 + w];
+    return make_float2(mean, 1.0f / sqrtf(tq / tn + eps));
+}
+
+// The split-K ticket: an atomic add with acquire-release semantics at GPU scope (PTX ISA 6.0,
+// sm_70+). Its release half orders the partial-tile stores that a CTA barrier ordered before it
+// (release is cumulative); its acquire half, followed by a CTA barrier, orders the last CTA's reads
+// of the other splits' partials after their stores (the pattern of CUTLASS's semaphore). It
+// replaces __threadfence + atomicAdd by thread 0 and a __threadfence in every thread of the last
+// CTA: __threadfence is a sequentially consistent fence (fence.sc.gpu), stronger than needed.
+__device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
 }
 
 #endif  // SEED_COMMON_CUH

@@ -49,13 +49,14 @@ extern __shared__ __align__(16) float dyn_smem[];
 // fp32: scale[Cin], shift[Cin] as floats. 16-bit: scale, shift_hi, shift_lo as S[Cin] each, for
 // packed fma (GnCoef): shift_lo holds what S cannot of the shift, so that a large mean/std ratio
 // costs no more than one rounding of the normalized value.
-// `mean_rstd` (2 floats) and `dred` (96 doubles) are the kernel's static smem scratch.
+// `gp`: the partials the kernel loaded at its entry (GnPrefetch); `red` (128 floats) is the kernel's
+// static smem scratch (gn_merge's; the epilogue's statistics reuse it after the k loop's barriers).
 // The affine weights of the first PF * NT channels (4: 512 channels at 128 threads) are loaded
 // before the merge, so their latency overlaps the partials' instead of following it (one exposed
 // global latency less).
 template <class D, int NT, int PF>
-__device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P, float gn_eps, const float *gn_w,
-                                                 const float *gn_b, int Cin, int b, float *mean_rstd, double *dred) {
+__device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P, const GnPrefetch &gp, float gn_eps,
+                                                 const float *gn_w, const float *gn_b, int Cin, int b, float *red) {
     float pw[PF], pb[PF];
 #pragma unroll
     for (int r = 0; r < PF; ++r) {
@@ -63,9 +64,8 @@ __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P
         pw[r] = c < Cin ? gn_w[c] : 0.0f;
         pb[r] = c < Cin ? gn_b[c] : 0.0f;
     }
-    gn_merge(gn_part + (size_t)b * gn_P, gn_P, gn_eps, mean_rstd, dred);
-    __syncthreads();
-    const float mean = mean_rstd[0], rstd = mean_rstd[1];
+    const float2 mr = gn_merge(gn_part + (size_t)b * gn_P, gn_P, gp, gn_eps, red);
+    const float mean = mr.x, rstd = mr.y;
     auto put = [&](int c, float w, float bb) {
         const float s = w * rstd, sh = bb - mean * s;
         if constexpr (D::TC) {
@@ -189,8 +189,9 @@ template <int BM, int BK, int VEC, int NT> struct ARows {
 #pragma unroll
         for (int i = 0; i < AP; ++i) {
             const int m = ok ? m0 + r0 + i * RPP : M;
-            oy[i] = m < M ? m / Wout : -(1 << 20);
-            ox[i] = m < M ? m - (m / Wout) * Wout : 0;
+            const int q = div_small(m, Wout);
+            oy[i] = m < M ? q : -(1 << 20);
+            ox[i] = m < M ? m - q * Wout : 0;
         }
     }
 };
@@ -284,19 +285,17 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         for (int i = 0; i < NACC; i += 4)
             *reinterpret_cast<float4 *>(wt_tile + ((size_t)sk * NACC + i) * NT + tid * 4) =
                 make_float4(flat[i], flat[i + 1], flat[i + 2], flat[i + 3]);
-        // The release side by thread 0 alone (the pattern of CUTLASS's split-K semaphore): the barrier
-        // orders every thread's partial before thread 0's fence, which is cumulative over them. (A
-        // fence in every thread was ~4% of a batch-1 split-K conv's stall samples, ERRBAR, in Nsight
-        // Compute.) The last CTA's threads fence before reading the other splits' partials.
+        // The ticket by thread 0 alone, an acquire-release atomic between two barriers (common.cuh,
+        // atomic_add_acq_rel; the pattern of CUTLASS's split-K semaphore): the first barrier orders
+        // every thread's partial before the release, the second the last CTA's reads after the
+        // acquire. (A __threadfence in every thread was ~4% of a batch-1 split-K conv's stall samples
+        // in Nsight Compute; thread 0's __threadfence + atomicAdd and the last CTA's per-thread fence
+        // cost ~0.3 us per split-K launch more than this at batch 1, docs/perf-notes.md session 7.)
         __syncthreads();
         __shared__ int last;
-        if (tid == 0) {
-            __threadfence();
-            last = atomicAdd(&counters[tile], 1) == splits - 1;
-        }
+        if (tid == 0) last = atomic_add_acq_rel(&counters[tile], 1) == splits - 1;
         __syncthreads();
         if (!last) return;
-        __threadfence();
 #pragma unroll
         for (int i = 0; i < NACC; ++i) flat[i] = 0.0f;
 #pragma unroll 4
@@ -456,15 +455,14 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     constexpr int B_SZ = TC ? BN * LDB : BK * LDB;
     __shared__ __align__(16) S As[2][A_SZ];
     __shared__ __align__(16) S Bs[2][B_SZ];
-    __shared__ float red[33];
-    __shared__ float mean_rstd[2];
-    __shared__ double dred[96];
+    __shared__ float red[128];
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z;
+    const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);   // first: its latency overlaps the set-up
     // split-K: grid.x = m-tiles * splits; split `sk` owns k-tiles [kb, ke) of the nk0 + nk1
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;
-    const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
+    const int sk = div_small(blockIdx.x, mtiles), mt = blockIdx.x - sk * mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
 
@@ -472,7 +470,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
 
     // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b, red);
 
     // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
     typedef ARows<BM, BK, VEC, NT> AR;
@@ -490,7 +488,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
         amask = 0;
         if (kt < nk0) {
             const int k = kt * BK + kv * VEC;
-            const int tap = k / Cin, c = k - tap * Cin;
+            const int tap = div_small(k, Cin), c = k - tap * Cin;
             const int ky = tap / KH, kx = tap - (tap / KH) * KH;
             const bool kok = tap < KH * KH;
             a_c = c;
@@ -605,7 +603,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
         }
     };
 
-    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits;
+    const int nk = nk0 + nk1, kb = div_small(sk * nk, splits), ke = div_small((sk + 1) * nk, splits);
     load_a(kb); load_b(kb); store_a(0); store_b(0);
     __syncthreads();
     for (int kt = kb; kt < ke; ++kt) {

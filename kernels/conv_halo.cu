@@ -44,21 +44,21 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     static_assert(D::TC && sizeof(S) == 2, "16-bit types only");
     static_assert(STAGES >= 2 && STAGES <= 10, "ring depth (halo buffer reuse needs <= 10)");
     static_assert(NT % KV == 0, "a thread's halo vectors share one channel group");
-    __shared__ float red[33];
-    __shared__ float mean_rstd[2];
-    __shared__ double dred[96];
+    __shared__ float red[128];
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
+    const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);   // first: its latency overlaps the set-up
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;
-    const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
+    const int sk = div_small(blockIdx.x, mtiles), mt = blockIdx.x - sk * mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
-    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits, ntiles = ke - kb;
+    const int nk = nk0 + nk1, kb = div_small(sk * nk, splits),
+              ke = div_small((sk + 1) * nk, splits), ntiles = ke - kb;
 
     // ---- geometry: the tile is TH x TW output pixels from (y0, x0); its halo HR x HC ------------
-    const int TW = min(BM, Wout), TH = BM / TW, HC = TW + 2, HR = TH + 2;
-    const int y0 = m0 / Wout, x0 = m0 - y0 * Wout;
+    const int TW = min(BM, Wout), TH = div_small(BM, TW), HC = TW + 2, HR = TH + 2;
+    const int y0 = div_small(m0, Wout), x0 = m0 - y0 * Wout;
     const int NH = Cin > BK ? 2 : 1;
     const u32 HALO = ((u32)(HR * HC * PS) + 127u) & ~127u;
     const u32 SLOT_B = BN * BK * 2, SLOT = SLOT_B + (nk1 > 0 ? BM * BK * 2 : 0);
@@ -166,7 +166,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     u32 apix[MF];
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf) {
-        const int r = wm * WTM + mf * 16 + (lane & 15), py = r / TW, px = r - py * TW;
+        const int r = wm * WTM + mf * 16 + (lane & 15), py = div_small(r, TW), px = r - py * TW;
         apix[mf] = (u32)((py * HC + px) * PS + (lane >> 4) * 16);
     }
     float acc[MF][NF][4];
@@ -179,7 +179,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     }
     EpiloguePrefetch<BN, NT, false, true> pre;
     pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b, red);
 
     Pos cp = start(kb);   // the unit to compute
     int st = 0;

@@ -50,12 +50,14 @@ template <class S, int AP, int KH, int ST, int UP> struct ATaps {
 #pragma unroll
         for (int i = 0; i < AP; ++i) {
             const int y0 = ar.oy[i] * ST - PAD, x0 = ar.ox[i] * ST - PAD;
-            u32 bits = 0;
+            // separable: the kx in the image as a mask, repeated for each ky in it (one unsigned
+            // compare tests both bounds)
+            u32 xm = 0, bits = 0;
 #pragma unroll
-            for (int t = 0; t < KH * KH; ++t) {
-                const int vy = y0 + t / KH, vx = x0 + t % KH;
-                bits |= (u32)(vy >= 0 && vy < Hin * UP && vx >= 0 && vx < Win * UP) << t;
-            }
+            for (int kx = 0; kx < KH; ++kx) xm |= (u32)((unsigned)(x0 + kx) < (unsigned)(Win * UP)) << kx;
+#pragma unroll
+            for (int ky = 0; ky < KH; ++ky)
+                if ((unsigned)(y0 + ky) < (unsigned)(Hin * UP)) bits |= xm << (ky * KH);
             ok[i] = bits;   // 0 for a row past M (its oy is far out of range)
             off[i] = !bits ? 0 : UP == 1 ? (y0 * Win + x0) * ldx : (ar.oy[i] << 16) | ar.ox[i];
             pin(ok[i]);
@@ -124,17 +126,17 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     constexpr int PAD = ST == 1 ? KH / 2 : 0;
     __shared__ __align__(128) S As[STAGES][BM * BK];
     __shared__ __align__(128) S Bs[STAGES][BN * BK];
-    __shared__ float red[33];
-    __shared__ float mean_rstd[2];
-    __shared__ double dred[96];
+    __shared__ float red[128];
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
+    const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);   // first: its latency overlaps the set-up
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;   // split-K as in conv_gemm
-    const int mt = blockIdx.x % mtiles, sk = blockIdx.x / mtiles;
+    const int sk = div_small(blockIdx.x, mtiles), mt = blockIdx.x - sk * mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
-    const int nk = nk0 + nk1, kb = sk * nk / splits, ke = (sk + 1) * nk / splits, ntiles = ke - kb;
+    const int nk = nk0 + nk1, kb = div_small(sk * nk, splits),
+              ke = div_small((sk + 1) * nk, splits), ntiles = ke - kb;
 
     // ---- A copies: the thread -> (rows, k vector) map of conv_gemm's loader ----------------------
     typedef ARows<BM, BK, VEC, NT> AR;
@@ -150,7 +152,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     u32 k_bit;
     {
         const int k = kb * BK + kv * VEC;
-        k_tap = k / Cin;
+        k_tap = div_small(k, Cin);
         k_c = k - k_tap * Cin;
         const int ky = k_tap / KH;
         k_kx = k_tap - ky * KH;
@@ -243,7 +245,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
     EpiloguePrefetch<BN, NT, GATE, true> pre;
     pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gn_eps, gn_w, gn_b, Cin, b, mean_rstd, dred);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b, red);
 
     int st = 0;
     for (int i = 0; i < ntiles; ++i) {

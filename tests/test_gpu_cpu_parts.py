@@ -173,3 +173,18 @@ def test_weight_upload_early_start(early):
     ex.run(ex.stream)
     assert len(fb.waits) == (len(ex.launches) if early else 0)
     ex.close()
+
+
+def test_images_past_the_kernels_division_range_are_refused():
+    """The GEMM kernels' set-up divides with div_small (exact below 2^22): a 2048 x 2048 image has
+    2^22 pixels per sample and is refused before anything is built; 1024 x 1024 is not."""
+    from runtime.errors import ConfigError
+    from runtime.plan import build_plan
+    for size, ok in ((1024, True), (2048, False)):
+        plan = build_plan(UNetConfig(image_size=size))
+        gemm = [op for op in plan.ops if op.kind == CONV and op.x != plan.input and op.groups == 1]
+        if ok:
+            assert ops.kernel_kind(gemm[0], plan) == "gemm"
+        else:
+            with pytest.raises(ConfigError, match="4194304 pixels per sample"):
+                ops.kernel_kind(gemm[0], plan)

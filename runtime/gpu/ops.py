@@ -33,7 +33,7 @@ DEFAULT_STAGES = 3                                   # docs/perf-notes.md: s3 = 
 MAX_STAGES = 6
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
 PIPE_SCRATCH = 3 * 1024                              # its other static smem (reductions, gate, epilogue operands)
-GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, mean_rstd, dred, last)
+GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, last, epilogue operands)
 HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic smem: 2 CTAs per sm_87 SM (164 KB)
 
 
@@ -558,9 +558,24 @@ def final_spec(op: Op, ctx: Ctx) -> OpSpec:
                   blobs, make_args)
 
 
+# The GEMM kernels' set-up divides with common.cuh's div_small, exact for dividends under 2^22: one
+# sample's pixels (M) and GEMM depth (K) must stay below it (a 2048 x 2048 image would not).
+DIV_LIMIT = 1 << 22
+
+
+def check_div_range(op: Op, plan: Plan) -> None:
+    t = [plan.tensors[n] for n in (op.out, *op.inputs) if n in plan.tensors]
+    pixels = max(x.size for x in t) ** 2
+    depth = sum(x.channels for x in t) * max(op.k, 1) ** 2
+    if pixels >= DIV_LIMIT or depth >= DIV_LIMIT:
+        raise ConfigError(f"{op.out}: {pixels} pixels per sample and GEMM depth {depth} must both stay "
+                          f"below {DIV_LIMIT} for the GPU GEMM kernels")
+
+
 def kernel_kind(op: Op, plan: Plan) -> str:
     """Which kernel family runs `op`: init/final convs at the fp32 image ends, depthwise, GEMM, gate."""
     if op.kind == GATE:
+        check_div_range(op, plan)
         return "gate"
     if op.kind != CONV:
         raise ConfigError(f"{op.out}: op kind {op.kind!r} has no GPU kernel")
@@ -577,6 +592,7 @@ def kernel_kind(op: Op, plan: Plan) -> str:
         return "dwconv"
     if op.groups != 1:
         raise ConfigError(f"{op.out}: grouped convs other than depthwise have no GPU kernel")
+    check_div_range(op, plan)
     return "gemm"
 
 

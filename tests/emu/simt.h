@@ -27,20 +27,27 @@
 
 struct Dim3 { int x, y, z; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
 
 thread_local Dim3 threadIdx, blockIdx;
 Dim3 blockDim, gridDim;
 alignas(16) float dyn_smem[65536];   // 256 KB: the halo conv's dynamic smem goes past 48 KB
 
 using std::min;
+#ifdef EMU_FDIV_ERR   // __fdividef off by this relative error (tests/test_common_emulated.py: div_small)
+inline float __fdividef(float a, float b) { return (float)((double)a / b * (1.0 + EMU_FDIV_ERR)); }
+#else
+inline float __fdividef(float a, float b) { return a / b; }
+#endif
+inline int __float2int_rz(float f) { return (int)f; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 template <class T> inline T __ldcg(const T *p) { return *p; }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline int emu_atomic_add_acq_rel(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 
 // ---- one CTA's threads ----------------------------------------------------------------------------
 struct Warp {
@@ -58,16 +65,19 @@ thread_local int t_lane, t_warp;
 inline void __syncthreads() { g_cta->bar.arrive_and_wait(); }
 inline Warp &my_warp() { return g_cta->warps[t_warp]; }
 
-template <class T> inline T __shfl_xor_sync(unsigned, T v, int o) {
+// Every lane of the warp posts its value, then reads the one it asked for (its own past the warp).
+template <class T> inline T emu_shfl(T v, int src_lane) {
     Warp &w = my_warp();
     static_assert(sizeof(T) <= 8, "one slot");
     std::memcpy(&w.slot[t_lane][0], &v, sizeof(T));
     w.bar.arrive_and_wait();
-    T r;
-    std::memcpy(&r, &w.slot[t_lane ^ o][0], sizeof(T));
+    T r = v;
+    if (src_lane >= 0 && src_lane < 32) std::memcpy(&r, &w.slot[src_lane][0], sizeof(T));
     w.bar.arrive_and_wait();
     return r;
 }
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_shfl(v, t_lane ^ o); }
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }
 
 // ---- fp16 / bf16 bit conversions (round to nearest even, as cvt.rn) --------------------------------
 inline float emu_h2f(uint16_t h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }

@@ -23,19 +23,7 @@ inline long long __double_as_longlong(double d) { long long i; std::memcpy(&i, &
 inline unsigned atomicOr(unsigned *p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 
-// Every lane of the warp posts its value, then reads the one it asked for.
-template <class T> inline T emu_warp_read(T v, int src) {
-    Warp &w = my_warp();
-    static_assert(sizeof(T) <= 8, "one slot");
-    std::memcpy(&w.slot[t_lane][0], &v, sizeof(T));
-    w.bar.arrive_and_wait();
-    T r = v;
-    if (src >= 0 && src < 32) std::memcpy(&r, &w.slot[src][0], sizeof(T));
-    w.bar.arrive_and_wait();
-    return r;
-}
-template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_warp_read(v, src); }
-template <class T> inline T __shfl_up_sync(unsigned, T v, int d) { return emu_warp_read(v, t_lane >= d ? t_lane - d : t_lane); }
+template <class T> inline T __shfl_up_sync(unsigned, T v, int d) { return emu_shfl(v, t_lane >= d ? t_lane - d : t_lane); }
 inline unsigned __ballot_sync(unsigned, bool pred) {
     Warp &w = my_warp();
     w.slot[t_lane][1] = pred ? 1u : 0u;
