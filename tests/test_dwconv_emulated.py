@@ -3,7 +3,7 @@ tests/test_conv_pipe_emulated.py), against the NumPy reference's depthwise conv2
 in float64, and its GroupNorm partials against the same tiles summed in float64. Cases: 16-byte and
 scalar loads, fp16 / bf16 / fp32, views of a concat buffer on both sides (pixel stride > C, an
 offset channel window), a ragged last row and column tile, a ragged last channel tile, two
-samples with different timesteps. Outputs are NaN-poisoned: every element the kernel owns must be
+samples with different timesteps; tiles 8 and 4 outputs wide (ops.dwconv_tw). Outputs are NaN-poisoned: every element the kernel owns must be
 written, and nothing outside its channel window may be."""
 from __future__ import annotations
 
@@ -20,23 +20,30 @@ from test_conv_pipe_emulated import compile_emu, emu_source, macro_params, value
 
 pytestmark = pytest.mark.slow
 
-# (name, dtype, vec, shape): H, W, C, batch, input pixel stride / channel offset, output stride / offset
+# (name, dtype, vec, tile width, shape): H, W, C, batch, input pixel stride / channel offset, output
+# stride / offset
 CASES = [
-    ("fp16-v8-views-ragged", "fp16", 8, dict(h=12, w=10, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8, tbias=True)),
-    ("fp16-scalar-odd-channels", "fp16", 1, dict(h=9, w=9, c=13, batch=1, ldx=13, x0=0, ldo=16, o0=3, tbias=False)),
-    ("bf16-v8", "bf16", 8, dict(h=8, w=16, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True)),
-    ("fp32-v4-two-channel-tiles", "fp32", 4, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0, tbias=True)),
+    ("fp16-v8-views-ragged", "fp16", 8, 8, dict(h=12, w=10, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8, tbias=True)),
+    ("fp16-v8-w4-views-ragged", "fp16", 8, 4, dict(h=12, w=10, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8,
+                                                  tbias=True)),
+    ("fp16-scalar-odd-channels", "fp16", 1, 8, dict(h=9, w=9, c=13, batch=1, ldx=13, x0=0, ldo=16, o0=3, tbias=False)),
+    ("bf16-v8", "bf16", 8, 8, dict(h=8, w=16, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True)),
+    ("bf16-v8-w4", "bf16", 8, 4, dict(h=8, w=16, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True)),
+    ("fp32-v4-two-channel-tiles", "fp32", 4, 8, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0,
+                                                     tbias=True)),
+    ("fp32-v4-w4-two-channel-tiles", "fp32", 4, 4, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0,
+                                                        tbias=True)),
 ]
 K = 7
 
 
-def dw_key(dtype: str, vec: int) -> SimpleKey:
-    return SimpleKey("dwconv", dtype, K, vec)
+def dw_key(dtype: str, vec: int, tw: int) -> SimpleKey:
+    return SimpleKey("dwconv", dtype, K, vec, tw)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    keys = sorted({dw_key(dt, v) for _, dt, v, _ in CASES}, key=lambda k: k.symbol)
+    keys = sorted({dw_key(dt, v, tw) for _, dt, v, tw, _ in CASES}, key=lambda k: k.symbol)
     wrap = ("#define EMU_DW(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, DW_PARAMS) "
             "{ emu_launch([&] { name(DW_ARGS); }, gx, gy, gz, nt); }")
     src = "\n".join([emu_source([]), (kernels_dir() / "dwconv.cu").read_text(), wrap]
@@ -56,7 +63,7 @@ def as_float(a: np.ndarray, dtype: str) -> np.ndarray:
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_dwconv_matches_reference(lib, case):
-    name, dt, vec, s = case
+    name, dt, vec, tw, s = case
     rng = np.random.default_rng(7)
     b, h, w, c = s["batch"], s["h"], s["w"], s["c"]
     xbuf = ops.to_device(rng.standard_normal((b, h, w, s["ldx"])), dt)   # the whole concat buffer
@@ -67,7 +74,7 @@ def test_dwconv_matches_reference(lib, case):
     tb = rng.standard_normal((5, c)).astype(np.float32)
     t_idx = np.array([3, 1][:b], dtype=np.int32)
     out = poison((b, h, w, s["ldo"]), dt)
-    tiles_x, tiles_y, ctiles = ops.cdiv(w, ops.DW_TILE), ops.cdiv(h, ops.DW_TILE), ops.cdiv(c, ops.DW_CC)
+    tiles_x, tiles_y, ctiles = ops.cdiv(w, tw), ops.cdiv(h, ops.DW_TILE), ops.cdiv(c, ops.DW_CC)
     st = np.full((b, ctiles * tiles_y * tiles_x, 4), np.nan, dtype=np.float32)
     wk = np.ascontiguousarray(wt.reshape(c, K * K).T)
     x0, o0 = s["x0"], s["o0"]
@@ -79,7 +86,7 @@ def test_dwconv_matches_reference(lib, case):
     args = [ptr(xbuf, x0), h, w, c, s["ldx"], ptr(wk), ptr(bias), ptr(tb) if s["tbias"] else ctypes.c_void_p(0),
             c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st)]
     cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(macro_params("dwconv.cu", "DW_PARAMS"), args)]
-    getattr(lib, "emu_" + dw_key(dt, vec).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
+    getattr(lib, "emu_" + dw_key(dt, vec, tw).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
 
     x = as_float(xbuf[..., x0:x0 + c], dt).transpose(0, 3, 1, 2)
     want = conv2d(x, wt.astype(np.float64), bias.astype(np.float64), groups=c)
@@ -101,7 +108,7 @@ def test_dwconv_matches_reference(lib, case):
         for ct in range(ctiles):
             for ty in range(tiles_y):
                 for tx in range(tiles_x):
-                    blk = want[bb, ty * 8:ty * 8 + 8, tx * 8:tx * 8 + 8, ct * 32:ct * 32 + 32]
+                    blk = want[bb, ty * 8:ty * 8 + 8, tx * tw:tx * tw + tw, ct * 32:ct * 32 + 32]
                     n, sm, m2, _ = st[bb, (ct * tiles_y + ty) * tiles_x + tx]
                     assert n == blk.size
                     assert np.isclose(sm, blk.sum(), rtol=1e-4, atol=1e-3 * blk.size ** 0.5)

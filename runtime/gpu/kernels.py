@@ -73,22 +73,24 @@ class ConvKey:
 
 @dataclass(frozen=True)
 class SimpleKey:
-    """dwconv / init_conv / final_conv instantiations: (kind, dtype, k, n)."""
+    """dwconv / init_conv / final_conv instantiations: (kind, dtype, k, n, tw)."""
     kind: str       # "dwconv" | "init" | "final"
     dtype: str
     k: int = 0
     n: int = 1      # dwconv: elements per halo load; init: input (image) channels
+    tw: int = 8     # dwconv: outputs per thread along a row (the tile's width; ops.dwconv_tw)
 
     @property
     def symbol(self) -> str:
         dt = DTYPES[self.dtype][1]
-        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}", "init": f"init_conv{self.k}_c{self.n}_{dt}",
+        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}" + (f"_w{self.tw}" if self.tw != 8 else ""),
+                "init": f"init_conv{self.k}_c{self.n}_{dt}",
                 "final": f"final_conv_{dt}"}[self.kind]
 
     def instance(self) -> str:
         d = DTYPES[self.dtype][0]
         if self.kind == "dwconv":
-            return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n})"
+            return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init":
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n})"
         return f"FINAL_INSTANCE({self.symbol}, {d})"

@@ -25,7 +25,7 @@ from .kernels import ConvKey, SimpleKey
 VEC_MAX = {"fp32": 4, "fp16": 8, "bf16": 8}          # 16-byte vectors
 ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 SMEM_LIMIT = 48 * 1024                               # static + dynamic without an opt-in
-DW_TILE, DW_CC, DW_THREADS = 8, 32, 256              # dwconv.cu
+DW_TILE, DW_CC, DW_THREADS = 8, 32, 256              # dwconv.cu (rows and channels of a tile)
 INIT_TILE, FINAL_THREADS = 8, 128                    # io.cu
 GATE_MAX_N = 256
 STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # cp.async ring depth of the GEMM conv (0: off)
@@ -490,13 +490,28 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
 
 # ---- depthwise 7x7, init_conv, final_conv -------------------------------------------------------
 
+def dwconv_tw(size: int, channels: int, batch: int, sms: int) -> int:
+    """The depthwise tile's width (outputs per thread along a row): 8, or 4 where even the 4-wide
+    grid (twice the CTAs) fits in one wave with an SM each, so that each thread's serial chain of
+    FMAs is half as long. Measured on the H100 (docs/perf-notes.md, session 7): 3.4 -> 2.8 us for
+    4-64 CTAs of the 8-wide grid, but 3.6 -> 3.9 us for 128 (batch 1, 64x64, 64 channels); never 4
+    on a GPU the 8-wide grid fills (the Orin's 8 SMs), where 4 costs 1.4x the smem reads per output."""
+    return 4 if 2 * cdiv(size, DW_TILE) ** 2 * cdiv(channels, DW_CC) * batch <= sms else 8
+
+
+def dwconv_key(op: Op, ctx: Ctx) -> SimpleKey:
+    c, size = ctx.plan.tensors[op.x].channels, ctx.plan.tensors[op.x].size
+    return SimpleKey("dwconv", ctx.precision, op.k, vec_for(ctx.precision, ctx, (op.x, op.out), (c,)),
+                     dwconv_tw(size, c, ctx.tile_batch or ctx.batch, ctx.sms))
+
+
 def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
     xt = ctx.plan.tensors[op.x]
     c, size, k = xt.channels, xt.size, op.k
     w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).reshape(c, k * k)
     blobs = {"w": np.ascontiguousarray(w.T), "bias": padded(ctx.params[op.prefix + ".bias"], c)}
-    key = SimpleKey("dwconv", ctx.precision, k, vec_for(ctx.precision, ctx, (op.x, op.out), (c,)))
-    grid = (cdiv(size, DW_TILE) ** 2, cdiv(c, DW_CC), ctx.batch)
+    key = dwconv_key(op, ctx)
+    grid = (cdiv(size, DW_TILE) * cdiv(size, key.tw), cdiv(c, DW_CC), ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(op.x)
@@ -605,8 +620,9 @@ def op_spec(op: Op, ctx: Ctx) -> OpSpec:
 
 
 def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> List[Any]:
-    """Every instantiation the tile heuristic can pick for this plan at any of `batches`: one module
-    per (config, precision) then serves every batch size (one compile, one cache entry)."""
+    """Every instantiation the tile heuristics (GEMM tiles, depthwise width) can pick for this plan at
+    any of `batches`: one module per (config, precision) then serves every batch size (one compile,
+    one cache entry)."""
     keys = set()
     for b in batches:
         sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b,
@@ -616,4 +632,6 @@ def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -
                 keys.add(gate_key(op, sub))
             elif op.kind == CONV and kernel_kind(op, ctx.plan) == "gemm":
                 keys.add(gemm_key(op, sub))
+            elif op.kind == CONV and kernel_kind(op, ctx.plan) == "dwconv":
+                keys.add(dwconv_key(op, sub))
     return sorted(keys, key=lambda k: k.symbol)
