@@ -77,7 +77,7 @@ class SimpleKey:
     kind: str       # "dwconv" | "init" | "final"
     dtype: str
     k: int = 0
-    n: int = 1      # dwconv: elements per halo load; init: input (image) channels
+    n: int = 1      # dwconv / final: elements per vector load; init: input (image) channels
     tw: int = 8     # dwconv: outputs per thread along a row (the tile's width; ops.dwconv_tw)
 
     @property
@@ -85,7 +85,7 @@ class SimpleKey:
         dt = DTYPES[self.dtype][1]
         return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}" + (f"_w{self.tw}" if self.tw != 8 else ""),
                 "init": f"init_conv{self.k}_c{self.n}_{dt}",
-                "final": f"final_conv_{dt}"}[self.kind]
+                "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
 
     def instance(self) -> str:
         d = DTYPES[self.dtype][0]
@@ -93,7 +93,7 @@ class SimpleKey:
             return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init":
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n})"
-        return f"FINAL_INSTANCE({self.symbol}, {d})"
+        return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n})"
 
 
 def read_sources(folder: Optional[Path] = None, names: Sequence[str] = SOURCES) -> str:

@@ -561,7 +561,7 @@ def final_spec(op: Op, ctx: Ctx) -> OpSpec:
     w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).reshape(cout, cin)
     blobs = {"w": np.ascontiguousarray(w), "bias": padded(ctx.params[op.prefix + ".bias"], 8)}
     npix = ctx.batch * size * size
-    key = SimpleKey("final", ctx.precision)
+    key = SimpleKey("final", ctx.precision, 0, vec_for(ctx.precision, ctx, (op.x,), (cin,)))
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(op.x)
