@@ -7,16 +7,17 @@
 // Launch: grid (ceil(H/8)*ceil(W/TW), ceil(C/32), B), block 256 (fixed) = 32 channels x 8 rows; each
 //   thread produces TW outputs of one row from a (8+K-1) x (TW+K-1) x 32 halo tile in shared memory,
 //   kept in the activation dtype (lanes run over channels: coalesced loads, conflict-free smem
-//   reads). TW = 8, or 4 where even the TW = 4 grid leaves SMs idle (ops.dwconv_tw; most of batch 1
-//   on the H100): a thread's chain of ~49 * TW FMAs is then half as long, at 1.4x the smem reads. Weights
-//   fp32 [K*K][C], staged in smem too (in registers they took 49 per thread and capped occupancy
-//   at 2 CTAs per SM, which made the batch-16 launches ~8 waves of latency chains).
+//   reads). TW = 8, or 4 where the TW = 4 grid still has at most one CTA per SM (ops.dwconv_tw;
+//   most of batch 1 on the H100): a thread's chain of ~49 * TW FMAs is then half as long, at 1.4x
+//   the smem reads. Weights fp32 [K*K][C], staged in smem too (in registers they took 49 per
+//   thread and capped occupancy at 2 CTAs per SM, which made the batch-16 launches ~8 waves of
+//   latency chains).
 // Loads: every thread issues all its loads (t_idx first, weights, VEC-wide halo vectors, bias)
 //   before its first smem store, so the whole prologue costs about one memory latency; the time
 //   bias (whose address waits for t_idx) is loaded after the halo's loads and used only in the
-//   epilogue, so t_idx -> time bias no longer adds a second latency in front of the halo's
-//   (0.35 us of a batch-1 launch); VEC (8 for 16-bit, 4 for fp32, 1 for odd channel counts or views) is chosen on the host
-//   (C, the pixel strides and the view offsets divisible by VEC).
+//   epilogue, so t_idx -> time bias no longer puts a second latency in front of the halo's loads.
+//   VEC (8 for 16-bit, 4 for fp32, 1 for odd channel counts or views) is chosen on the host (C, the
+//   pixel strides and the view offsets divisible by VEC).
 // Reference: runtime.reference.conv2d(groups=C) + the block's time bias.
 #include "common.cuh"
 
