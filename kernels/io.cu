@@ -2,10 +2,12 @@
 //
 // init_conv: out = conv_KxK(x) + bias, x the fp32 image (Cin = channels, pixel stride Cin), out in
 //   the activation dtype at pixel stride ldo (it sits in the final concat buffer).
-//   Launch: grid (ceil(H/8)*ceil(W/8), 1, B), block 256; dynamic smem Cin*(8+K-1)*RS + K*K*Cin*CoutP
+//   Launch: grid (ceil(H/8)*ceil(W/TW), 1, B), block 256; dynamic smem Cin*(8+K-1)*RS + K*K*Cin*CoutP
 //   floats (halo tile [ci][row][RS] + all weights [ky][kx][ci][CoutP], CoutP = Cout rounded up to 8
-//   with zeros; RS: below).
-//   Each thread owns (pixel, 8 output channels) items; Cin is a template parameter (CIN, the image
+//   with zeros; RS: below). TW = 8, or 16 where the 8-wide grid is several waves (ops.init_tw:
+//   batch 16): each item then computes 2 pixels per weight read, the kernel being bound by its smem
+//   reads (3 per 8 FMAs at TW 8, 4 per 16 at 16) with each CTA's 4704-weight staging halved per pixel.
+//   Each thread owns (PX pixels, 8 output channels) items; Cin is a template parameter (CIN, the image
 //   channels), so each kernel row's KxCIN taps unroll into straight smem loads and FMAs (a runtime
 //   Cin loop made the default model's init_conv the slowest launch: 15 us at batch 1, 72 us at 16);
 //   the rows stay a loop (all 7x7x3 taps unrolled: 53 us at batch 16, the slowest launch again).
@@ -24,10 +26,11 @@ extern __shared__ __align__(16) float dyn_smem[];
     int Cout, int CoutP, int ldo
 #define INIT_ARGS x, H, W, Cin, w, bias, out_, Cout, CoutP, ldo
 
-template <class D, int K, int CIN>
+template <class D, int K, int CIN, int TW>
 __device__ __forceinline__ void init_conv(INIT_PARAMS) {
     typedef typename D::S S;
-    constexpr int TH = 8, TW = 8, HW = TW + K - 1, HH = TH + K - 1, P = K / 2, NT = 256;
+    constexpr int TH = 8, PX = TW / 8, HW = TW + K - 1, HH = TH + K - 1, P = K / 2, NT = 256;
+    static_assert(TW % 8 == 0, "items of PX pixels 8 apart");
     constexpr int NTILE = HH * HW * CIN, TPT = (NTILE + NT - 1) / NT, WCH = 20;
     // The halo tile channel-planar, rows RS floats apart with RS an odd multiple of 8 (ops.init_row):
     // a warp's 32 pixels (4 rows of 8) then read 32 distinct banks. Pixel-interleaved (3 floats per
@@ -63,40 +66,54 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
         if (i < NTILE) tile[(ci * HH + py) * RS + px] = tv[u];
     }
     __syncthreads();
+    // Item `it`: 8 output channels (group g) of PX pixels 8 apart in a row. A warp's 32 items are 4
+    // rows of 8 neighbouring pixels (conflict-free reads, as above); each weight pair it reads from
+    // smem (two 16-byte broadcasts) serves PX pixels.
     const int groups = CoutP / 8;
-    for (int it = threadIdx.x; it < TH * TW * groups; it += NT) {
-        const int p = it % (TH * TW), g = it / (TH * TW), py = p / TW, px = p % TW;
-        const int oy = y0 + py, ox = x0 + px;
-        if (oy >= H || ox >= W) continue;
-        float acc[8];
+    for (int it = threadIdx.x; it < TH * 8 * groups; it += NT) {
+        const int p = it % (TH * 8), g = it / (TH * 8), py = p / 8, px = p % 8;
+        const int oy = y0 + py;
+        if (oy >= H || x0 + px >= W) continue;   // its first pixel is outside: so are the others
+        float acc[PX][8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+        for (int q = 0; q < PX; ++q)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[q][j] = 0.0f;
 #pragma unroll 1   // unrolled, the K*K*CIN taps made ~26 KB of code per thread: instruction-fetch bound
         for (int ky = 0; ky < K; ++ky)
 #pragma unroll
             for (int kx = 0; kx < K; ++kx)
 #pragma unroll
                 for (int ci = 0; ci < CIN; ++ci) {
-                    const float xv = tile[(ci * HH + py + ky) * RS + px + kx];
                     const float4 *wr = reinterpret_cast<const float4 *>(ws + ((ky * K + kx) * CIN + ci) * CoutP + g * 8);
                     const float4 w0 = wr[0], w1 = wr[1];
-                    acc[0] = fmaf(xv, w0.x, acc[0]); acc[1] = fmaf(xv, w0.y, acc[1]);
-                    acc[2] = fmaf(xv, w0.z, acc[2]); acc[3] = fmaf(xv, w0.w, acc[3]);
-                    acc[4] = fmaf(xv, w1.x, acc[4]); acc[5] = fmaf(xv, w1.y, acc[5]);
-                    acc[6] = fmaf(xv, w1.z, acc[6]); acc[7] = fmaf(xv, w1.w, acc[7]);
+#pragma unroll
+                    for (int q = 0; q < PX; ++q) {
+                        const float xv = tile[(ci * HH + py + ky) * RS + px + 8 * q + kx];
+                        float *a = acc[q];
+                        a[0] = fmaf(xv, w0.x, a[0]); a[1] = fmaf(xv, w0.y, a[1]);
+                        a[2] = fmaf(xv, w0.z, a[2]); a[3] = fmaf(xv, w0.w, a[3]);
+                        a[4] = fmaf(xv, w1.x, a[4]); a[5] = fmaf(xv, w1.y, a[5]);
+                        a[6] = fmaf(xv, w1.z, a[6]); a[7] = fmaf(xv, w1.w, a[7]);
+                    }
                 }
-        S *o = out + ((size_t)(b * H + oy) * W + ox) * ldo + g * 8;
-        Vec<S, 8> v;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v.v[j] = D::from_f(acc[j] + (g * 8 + j < Cout ? bias[g * 8 + j] : 0.0f));
-        // one 16-byte store where the 8 channels are whole and aligned: scattered 2-byte stores wrote
-        // a 32-byte sector each (16x the bytes; init_conv was the slowest launch at batch 16, 54 us)
-        if (sizeof(S) * 8 == 16 && g * 8 + 8 <= Cout && ((size_t)o & 15) == 0) {
-            vstore<S, 8>(o, v);
-        } else {
+        for (int q = 0; q < PX; ++q) {
+            const int ox = x0 + px + 8 * q;
+            if (ox >= W) break;
+            S *o = out + ((size_t)(b * H + oy) * W + ox) * ldo + g * 8;
+            Vec<S, 8> v;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                if (g * 8 + j < Cout) o[j] = v.v[j];
+            for (int j = 0; j < 8; ++j) v.v[j] = D::from_f(acc[q][j] + (g * 8 + j < Cout ? bias[g * 8 + j] : 0.0f));
+            // one 16-byte store where the 8 channels are whole and aligned: scattered 2-byte stores
+            // wrote a 32-byte sector each (16x the bytes; init_conv was the slowest launch at batch 16)
+            if (sizeof(S) * 8 == 16 && g * 8 + 8 <= Cout && ((size_t)o & 15) == 0) {
+                vstore<S, 8>(o, v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    if (g * 8 + j < Cout) o[j] = v.v[j];
+            }
         }
     }
 }
@@ -134,7 +151,7 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
         if (j < Cout) out[(size_t)p * Cout + j] = acc[j] + bias[j];
 }
 
-#define INIT_INSTANCE(name, D, K, CIN)                                                       \
-    extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K, CIN>(INIT_ARGS); }
+#define INIT_INSTANCE(name, D, K, CIN, TW)                                                   \
+    extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K, CIN, TW>(INIT_ARGS); }
 #define FINAL_INSTANCE(name, D, VEC)                                                         \
     extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { final_conv<D, VEC>(FINAL_ARGS); }

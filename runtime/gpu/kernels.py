@@ -78,13 +78,13 @@ class SimpleKey:
     dtype: str
     k: int = 0
     n: int = 1      # dwconv / final: elements per vector load; init: input (image) channels
-    tw: int = 8     # dwconv: outputs per thread along a row (the tile's width; ops.dwconv_tw)
+    tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw)
 
     @property
     def symbol(self) -> str:
         dt = DTYPES[self.dtype][1]
         return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}" + (f"_w{self.tw}" if self.tw != 8 else ""),
-                "init": f"init_conv{self.k}_c{self.n}_{dt}",
+                "init": f"init_conv{self.k}_c{self.n}_{dt}" + (f"_w{self.tw}" if self.tw != 8 else ""),
                 "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
 
     def instance(self) -> str:
@@ -92,7 +92,7 @@ class SimpleKey:
         if self.kind == "dwconv":
             return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init":
-            return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n})"
+            return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n})"
 
 

@@ -529,6 +529,18 @@ def init_row(halo: int) -> int:
     return 8 if halo <= 8 else 8 * (2 * ((halo - 8 + 15) // 16) + 1)
 
 
+def init_tw(size: int, batch: int, sms: int) -> int:
+    """init_conv's tile width: 8, or 16 where the 8-wide grid is at least 4 CTAs per SM (batch 16 on
+    the H100, batch 1 on the Orin), so that each weight read from shared memory serves 2 pixels;
+    a small grid keeps 8 (at batch 1 on the H100, 64 CTAs for 132 SMs)."""
+    return 16 if cdiv(size, INIT_TILE) ** 2 * batch >= 4 * sms else 8
+
+
+def init_key(op: Op, ctx: Ctx) -> SimpleKey:
+    xt = ctx.plan.tensors[op.x]
+    return SimpleKey("init", ctx.precision, op.k, xt.channels, init_tw(xt.size, ctx.tile_batch or ctx.batch, ctx.sms))
+
+
 def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     xt, ot = ctx.plan.tensors[op.x], ctx.plan.tensors[op.out]
     cin, cout, k, size = xt.channels, ot.channels, op.k, xt.size
@@ -536,13 +548,12 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).transpose(2, 3, 1, 0)
     wp = np.zeros((k, k, cin, coutp), dtype=np.float32)
     wp[..., :cout] = w
-    halo = INIT_TILE + k - 1
-    smem = 4 * (cin * halo * init_row(halo) + k * k * cin * coutp)
+    key = init_key(op, ctx)
+    smem = 4 * (cin * (INIT_TILE + k - 1) * init_row(key.tw + k - 1) + k * k * cin * coutp)
     if smem > SMEM_LIMIT:
         raise ConfigError(f"{op.out}: init_conv needs {smem} B of shared memory (> {SMEM_LIMIT})")
     blobs = {"w": wp.reshape(-1), "bias": padded(ctx.params[op.prefix + ".bias"], coutp)}
-    key = SimpleKey("init", ctx.precision, k, cin)
-    grid = (cdiv(size, INIT_TILE) ** 2, 1, ctx.batch)
+    grid = (cdiv(size, INIT_TILE) * cdiv(size, key.tw), 1, ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, _ = r.tensor(op.x)
@@ -620,9 +631,9 @@ def op_spec(op: Op, ctx: Ctx) -> OpSpec:
 
 
 def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> List[Any]:
-    """Every instantiation the tile heuristics (GEMM tiles, depthwise width) can pick for this plan at
-    any of `batches`: one module per (config, precision) then serves every batch size (one compile,
-    one cache entry)."""
+    """Every instantiation the tile heuristics (GEMM tiles, depthwise and init widths) can pick for
+    this plan at any of `batches`: one module per (config, precision) then serves every batch size
+    (one compile, one cache entry)."""
     keys = set()
     for b in batches:
         sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b,
@@ -634,4 +645,6 @@ def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -
                 keys.add(gemm_key(op, sub))
             elif op.kind == CONV and kernel_kind(op, ctx.plan) == "dwconv":
                 keys.add(dwconv_key(op, sub))
+            elif op.kind == CONV and kernel_kind(op, ctx.plan) == "init":
+                keys.add(init_key(op, sub))
     return sorted(keys, key=lambda k: k.symbol)

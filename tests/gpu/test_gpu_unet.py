@@ -1,7 +1,7 @@
-"""The whole U-Net on the GPU against the float64 reference, and CUDA-graph replay of one call, with
-the default conv kernels (and the variant $JETSON_UNET_CONV_STAGES names, see conftest.py); the
-cp.async conv against the register-staged one at batch 16 (the 128-row tiles that batch 1 and 3 do
-not pick on a large GPU)."""
+"""The whole U-Net on the GPU against the float64 reference (batch 1 and 3, and the first samples of
+a batch of 16), and CUDA-graph replay of one call, with the default conv kernels (and the variant
+$JETSON_UNET_CONV_STAGES names, see conftest.py); the cp.async conv against the register-staged one
+at batch 16 (the 128-row tiles that batch 1 and 3 do not pick on a large GPU)."""
 from __future__ import annotations
 
 import numpy as np
@@ -56,6 +56,27 @@ def test_unet_matches_float64_reference(backend, case, precision, batch, conv_va
            f"launches {ex.launches_per_call}; {rep['text']}")
     assert np.array_equal(got, again), "two calls on the same input differ: a race"
     assert err < UNET_TOL[precision]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_batch_16_matches_reference_on_its_first_samples(backend, case, precision, conv_variant):
+    """Batch 16 picks kernels that batch 1 and 3 do not on a large GPU (the 16-wide init_conv tile,
+    ops.init_tw; the 8-wide depthwise tile; the measured batch-16 tiles): its first three samples
+    are the reference case's, held to the float64 reference (the other 13 are random)."""
+    weights, x, t, want, kind = case
+    if not variant_applies(conv_variant, precision):
+        pytest.skip("fp32 always runs conv_gemm (FFMA): tested under the first variant")
+    cfg = weights.config
+    rng = np.random.default_rng(17)
+    x16 = np.concatenate([x, rng.standard_normal((13,) + x.shape[1:]).astype(np.float32)])
+    t16 = np.concatenate([t, (np.arange(13) * 7) % cfg.timesteps])
+    with GpuExecutor(weights, precision, batch=16, backend=backend) as ex:
+        inits = sorted(L.fn.symbol for L in ex.launches if L.fn.symbol.startswith("init"))
+        got = ex.eps(x16, t16)[:3]
+    err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    report(f"unet {kind} {precision} b16 (first 3 samples) conv-s{conv_variant}: rel L2 {err:.2e}; {inits}")
+    assert np.isfinite(got).all() and err < UNET_TOL[precision]
 
 
 @pytest.mark.gpu
