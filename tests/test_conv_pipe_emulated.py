@@ -114,6 +114,17 @@ def compile_emu(source: str, d: Path, opts=("-O1",)) -> ctypes.CDLL:
     return ctypes.CDLL(str(d / "emu.so"))
 
 
+def kernel_lib(file: str, keys, params: str, args: str, d: Path) -> ctypes.CDLL:
+    """The instantiations `keys` (SimpleKey) of kernels/<file> on the emulator, each launched by
+    emu_<symbol>(gx, gy, gz, nt, <the kernel's parameters>), compiled into folder d."""
+    src = (kernels_dir() / file).read_text().replace("extern __shared__ __align__(16) float dyn_smem[];", "")
+    wrap = (f"#define EMU_KERNEL(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, {params}) "
+            f"{{ emu_launch([&] {{ name({args}); }}, gx, gy, gz, nt); }}")
+    keys = sorted(set(keys), key=lambda k: k.symbol)
+    return compile_emu("\n".join([emu_source([]), src, wrap] + [k.instance() for k in keys]
+                                 + [f"EMU_KERNEL({k.symbol})" for k in keys]) + "\n", d)
+
+
 def build_lib(keys, d: Path) -> ctypes.CDLL:
     """The emulated kernels of `keys`, compiled into a shared library in folder d (skips without g++)."""
     return compile_emu(emu_source(sorted(set(keys), key=lambda k: k.symbol)), d)

@@ -12,11 +12,10 @@ import ctypes
 import numpy as np
 import pytest
 
-from runtime import kernels_dir
 from runtime.gpu import ops
 from runtime.gpu.kernels import SimpleKey
 from runtime.reference import conv2d
-from test_conv_pipe_emulated import compile_emu, emu_source, macro_params, values
+from test_conv_pipe_emulated import kernel_lib, macro_params, values
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +42,8 @@ def dw_key(dtype: str, vec: int, tw: int) -> SimpleKey:
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    keys = sorted({dw_key(dt, v, tw) for _, dt, v, tw, _ in CASES}, key=lambda k: k.symbol)
-    wrap = ("#define EMU_DW(name) extern \"C\" void emu_##name(int gx, int gy, int gz, int nt, DW_PARAMS) "
-            "{ emu_launch([&] { name(DW_ARGS); }, gx, gy, gz, nt); }")
-    src = "\n".join([emu_source([]), (kernels_dir() / "dwconv.cu").read_text(), wrap]
-                    + [k.instance() for k in keys] + [f"EMU_DW({k.symbol})" for k in keys]) + "\n"
-    return compile_emu(src, tmp_path_factory.mktemp("emu-dw"))
+    return kernel_lib("dwconv.cu", [dw_key(dt, v, tw) for _, dt, v, tw, _ in CASES], "DW_PARAMS", "DW_ARGS",
+                      tmp_path_factory.mktemp("emu-dw"))
 
 
 def poison(shape, dtype: str) -> np.ndarray:

@@ -9,10 +9,9 @@ import ctypes
 import numpy as np
 import pytest
 
-from runtime import kernels_dir
 from runtime.gpu import ops
 from runtime.gpu.kernels import SimpleKey
-from test_conv_pipe_emulated import compile_emu, emu_source, macro_params
+from test_conv_pipe_emulated import kernel_lib, macro_params
 from test_dwconv_emulated import as_float
 
 pytestmark = pytest.mark.slow
@@ -28,13 +27,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    keys = sorted({SimpleKey("final", dt, 0, v) for _, dt, v, *_ in CASES}, key=lambda k: k.symbol)
-    src = (kernels_dir() / "io.cu").read_text().replace("extern __shared__ __align__(16) float dyn_smem[];", "")
-    wrap = ("#define EMU_FINAL(name) extern \"C\" void emu_##name(int gx, int nt, FINAL_PARAMS) "
-            "{ emu_launch([&] { name(FINAL_ARGS); }, gx, 1, 1, nt); }")
-    src = "\n".join([emu_source([]), src, wrap] + [k.instance() for k in keys]
-                    + [f"EMU_FINAL({k.symbol})" for k in keys]) + "\n"
-    return compile_emu(src, tmp_path_factory.mktemp("emu-final"))
+    return kernel_lib("io.cu", [SimpleKey("final", dt, 0, v) for _, dt, v, *_ in CASES], "FINAL_PARAMS",
+                      "FINAL_ARGS", tmp_path_factory.mktemp("emu-final"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -53,7 +47,7 @@ def test_final_conv_matches_numpy(lib, case):
     kinds = macro_params("io.cu", "FINAL_PARAMS")
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(kinds, args)]
     sym = SimpleKey("final", dt, 0, vec).symbol
-    getattr(lib, "emu_" + sym)(ops.cdiv(npix, ops.FINAL_THREADS), ops.FINAL_THREADS, *cargs)
+    getattr(lib, "emu_" + sym)(ops.cdiv(npix, ops.FINAL_THREADS), 1, 1, ops.FINAL_THREADS, *cargs)
     x = as_float(xbuf[:, x0:x0 + cin], dt)
     want = x @ w.astype(np.float64).T + bias[:cout]
     assert not np.isnan(out).any(), f"{name}: outputs unwritten"

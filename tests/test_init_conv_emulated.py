@@ -11,11 +11,10 @@ import ctypes
 import numpy as np
 import pytest
 
-from runtime import kernels_dir
 from runtime.gpu import ops
 from runtime.gpu.kernels import SimpleKey
 from runtime.reference import conv2d
-from test_conv_pipe_emulated import compile_emu, emu_source, macro_params
+from test_conv_pipe_emulated import kernel_lib, macro_params
 from test_dwconv_emulated import as_float, poison
 
 pytestmark = pytest.mark.slow
@@ -31,13 +30,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    keys = sorted({SimpleKey("init", dt, K, CIN, tw) for _, dt, tw, *_ in CASES}, key=lambda k: k.symbol)
-    src = (kernels_dir() / "io.cu").read_text().replace("extern __shared__ __align__(16) float dyn_smem[];", "")
-    wrap = ("#define EMU_INIT(name) extern \"C\" void emu_##name(int gx, int gz, INIT_PARAMS) "
-            "{ emu_launch([&] { name(INIT_ARGS); }, gx, 1, gz, 256); }")
-    src = "\n".join([emu_source([]), src, wrap] + [k.instance() for k in keys]
-                    + [f"EMU_INIT({k.symbol})" for k in keys]) + "\n"
-    return compile_emu(src, tmp_path_factory.mktemp("emu-init"))
+    return kernel_lib("io.cu", [SimpleKey("init", dt, K, CIN, tw) for _, dt, tw, *_ in CASES], "INIT_PARAMS",
+                      "INIT_ARGS", tmp_path_factory.mktemp("emu-init"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -57,7 +51,7 @@ def test_init_conv_matches_reference(lib, case):
             ctypes.c_void_p(bp.ctypes.data), ctypes.c_void_p(out.ctypes.data + o0 * esize), cout, coutp, ldo]
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(macro_params("io.cu", "INIT_PARAMS"), args)]
     sym = SimpleKey("init", dt, K, CIN, tw).symbol
-    getattr(lib, "emu_" + sym)(ops.cdiv(h, ops.INIT_TILE) * ops.cdiv(w, tw), b, *cargs)
+    getattr(lib, "emu_" + sym)(ops.cdiv(h, ops.INIT_TILE) * ops.cdiv(w, tw), 1, b, 256, *cargs)
 
     want = conv2d(x.transpose(0, 3, 1, 2).astype(np.float64), wt.astype(np.float64),
                   bias.astype(np.float64)).transpose(0, 2, 3, 1)
