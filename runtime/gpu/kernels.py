@@ -82,9 +82,8 @@ class SimpleKey:
 
     @property
     def symbol(self) -> str:
-        dt = DTYPES[self.dtype][1]
-        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}" + (f"_w{self.tw}" if self.tw != 8 else ""),
-                "init": f"init_conv{self.k}_c{self.n}_{dt}" + (f"_w{self.tw}" if self.tw != 8 else ""),
+        dt, w = DTYPES[self.dtype][1], (f"_w{self.tw}" if self.tw != 8 else "")
+        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}", "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
                 "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
 
     def instance(self) -> str:

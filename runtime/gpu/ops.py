@@ -634,17 +634,11 @@ def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -
     """Every instantiation the tile heuristics (GEMM tiles, depthwise and init widths) can pick for
     this plan at any of `batches`: one module per (config, precision) then serves every batch size
     (one compile, one cache entry)."""
+    key_of = {"gate": gate_key, "gemm": gemm_key, "dwconv": dwconv_key, "init": init_key}   # batch-dependent
+    keyed = [(op, key_of.get(kernel_kind(op, ctx.plan))) for op in ctx.plan.ops if op.kind in (CONV, GATE)]
     keys = set()
     for b in batches:
         sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b,
                   conv_stages=ctx.conv_stages)
-        for op in ctx.plan.ops:
-            if op.kind == GATE:
-                keys.add(gate_key(op, sub))
-            elif op.kind == CONV and kernel_kind(op, ctx.plan) == "gemm":
-                keys.add(gemm_key(op, sub))
-            elif op.kind == CONV and kernel_kind(op, ctx.plan) == "dwconv":
-                keys.add(dwconv_key(op, sub))
-            elif op.kind == CONV and kernel_kind(op, ctx.plan) == "init":
-                keys.add(init_key(op, sub))
+        keys.update(fn(op, sub) for op, fn in keyed if fn)
     return sorted(keys, key=lambda k: k.symbol)
