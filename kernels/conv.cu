@@ -202,14 +202,18 @@ template <int BM, int BK, int VEC, int NT> struct ARows {
 // step lies 16 * j rows further (a row stride of the layout: both layouts' swizzle repeats every 8
 // rows), a constant the ldmatrix instruction adds itself. Not pinned (common.cuh): pinning them
 // made ptxas keep more fragments live and spill at the 128-register cap (sm_87, sm_90).
-template <class S, int BK, class LA, class LB> struct FragOffsets {
-    u32 a[BK / 16], b[BK / 16];
+// KS > 1 (conv_pipe.cu's k slices): the warp of slice `slice` takes the k steps slice, slice + KS, ...
+template <class S, int BK, class LA, class LB, int KS = 1> struct FragOffsets {
+    static_assert((BK / 16) % KS == 0, "k steps per slice");
+    static constexpr int Q = BK / 16 / KS;   // k steps of the warp per k-tile
+    u32 a[Q], b[Q];
     static constexpr u32 A16 = 16 * LA::ROW * sizeof(S), B16 = 16 * LB::ROW * sizeof(S);
-    __device__ __forceinline__ FragOffsets(int arow, int brow, int lane) {
+    __device__ __forceinline__ FragOffsets(int arow, int brow, int lane, int slice = 0) {
 #pragma unroll
-        for (int q = 0; q < BK / 16; ++q) {
-            a[q] = LA::off(arow + (lane & 15), q * 16 + (lane >> 4) * 8) * sizeof(S);
-            b[q] = LB::off(brow + (lane & 7) + ((lane >> 4) << 3), q * 16 + ((lane >> 3) & 1) * 8) * sizeof(S);
+        for (int q = 0; q < Q; ++q) {
+            const int k = (q * KS + slice) * 16;
+            a[q] = LA::off(arow + (lane & 15), k + (lane >> 4) * 8) * sizeof(S);
+            b[q] = LB::off(brow + (lane & 7) + ((lane >> 4) << 3), k + ((lane >> 3) & 1) * 8) * sizeof(S);
         }
     }
 };
@@ -241,11 +245,12 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[MF][NF][4], const u32 (&a
         for (int nf = 0; nf < NF; ++nf) D::mma(acc[mf][nf], af[mf], bf[nf]);
 }
 
-// One BK-deep k-tile of a warp's WTM x WTN tile at smem tiles A, B: ldmatrix fragments, mma.sync m16n8k16.
-template <class D, int MF, int NF, int BK, class F>
+// One k-tile of a warp's WTM x WTN tile at smem tiles A, B (the warp's F::Q k steps of it):
+// ldmatrix fragments, mma.sync m16n8k16.
+template <class D, int MF, int NF, class F>
 __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, saddr B, const F &f) {
 #pragma unroll
-    for (int q = 0; q < BK / 16; ++q) {
+    for (int q = 0; q < F::Q; ++q) {
         u32 af[MF][4];
 #pragma unroll
         for (int mf = 0; mf < MF; ++mf) ldmatrix_x4(af[mf], A + f.a[q] + mf * F::A16);
@@ -582,7 +587,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     auto compute = [&](int buf) {
         const S *A = As[buf], *B = Bs[buf];
         if constexpr (TC) {
-            mma_ktile<D, MF, NF, BK>(acc, smem_u32(As[0]) + buf * (A_SZ * (u32)sizeof(S)),
+            mma_ktile<D, MF, NF>(acc, smem_u32(As[0]) + buf * (A_SZ * (u32)sizeof(S)),
                                      smem_u32(Bs[0]) + buf * (B_SZ * (u32)sizeof(S)), fo);
         } else {
 #pragma unroll

@@ -201,7 +201,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
                 mma_kstep<D, MF, NF>(acc, af, B + fo.b[q], decltype(fo)::B16);
             }
         } else {
-            mma_ktile<D, MF, NF, BK>(acc, B + SLOT_B, B, fo);
+            mma_ktile<D, MF, NF>(acc, B + SLOT_B, B, fo);
         }
         st = st + 1 == STAGES ? 0 : st + 1;
         advance(cp);

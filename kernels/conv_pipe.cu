@@ -93,17 +93,19 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 
 // The weights' (B) copies of one k-tile, shared with the halo conv: thread tid copies BP 16-byte
 // vectors, rows n = v / KV of the [BN][BK] swizzled tile (RPP rows apart, so they share the
-// swizzle); sources at column 0, pinned (weights are padded on upload, never out of bounds).
+// swizzle); sources at column 0, pinned (weights are padded on upload, never out of bounds). A tile
+// of fewer vectors than threads (k slices: 8 warps on a 32x32x32 tile) leaves the spare threads idle.
 template <class S, int BN, int BK, int VEC, int NT> struct BCopies {
-    static constexpr int KV = BK / VEC, BVEC = BN * BK / VEC, BP = BVEC / NT, RPP = NT / KV;
-    static_assert(BVEC % NT == 0, "B tile split");
+    static constexpr int KV = BK / VEC, BVEC = BN * BK / VEC, BP = BVEC >= NT ? BVEC / NT : 1, RPP = NT / KV;
+    static_assert(BVEC % NT == 0 || NT % BVEC == 0, "B tile split");
     static constexpr u32 ROWS_STEP = RPP * BK * sizeof(S);
     const S *src[BP];
     u32 dst;   // byte offset of the thread's first vector within a tile
-    __device__ __forceinline__ BCopies(const S *wt, int ldw, int n0, int tid) {
+    bool on;   // the thread has vectors to copy
+    __device__ __forceinline__ BCopies(const S *wt, int ldw, int n0, int tid) : on(BVEC >= NT || tid < BVEC) {
 #pragma unroll
         for (int i = 0; i < BP; ++i) {
-            const int v = tid + i * NT;
+            const int v = on ? tid + i * NT : 0;
             src[i] = wt + (size_t)(n0 + v / KV) * ldw + (v % KV) * VEC;
             pin(src[i]);
         }
@@ -111,21 +113,72 @@ template <class S, int BN, int BK, int VEC, int NT> struct BCopies {
     }
     // the k-tile at weights column `col`; `to`: the thread's first destination (a tile base + dst)
     __device__ __forceinline__ void issue(saddr to, int col) const {
+        if (BVEC < NT && !on) return;
 #pragma unroll
         for (int i = 0; i < BP; ++i) cp_async16(to + i * ROWS_STEP, src[i] + col, true);
     }
 };
 
-template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE, int STAGES>
+// k slices (KS > 1): KS warps share each warp tile, warp (wm, wn, slice) taking every KS-th 16-deep
+// k step of every k-tile, so the CTA has KS times the warps, each with 1/KS of the mma work and of
+// the copies (the thread -> copy maps spread over all KS * WM * WN warps). After the k loop the
+// slices trade partial sums through the (then idle) ring: slice s keeps its 1/KS of the warp tile's
+// columns (n fragments s * NF/KS ..) and adds the other slices' partials of them to its own in a
+// fixed order (deterministic). The result is a tile of WM x (WN * KS) warps of WTN / KS columns each,
+// and conv_finish runs it as such: the epilogue's work is spread over all the warps too.
+// Why: at batch 1 a conv is a latency chain (~2200 instructions per warp, 1-2 warps per scheduler,
+// docs/perf-notes.md session 7): half the chain per warp, where split-K over CTAs pays a global
+// round trip to merge.
+template <int MF, int NF, int KS>
+__device__ __forceinline__ void slice_exchange(const float (&acc)[MF][NF][4], float (&mine)[MF][NF / KS][4],
+                                               float *xb, int wpos, int slice, int lane) {
+    constexpr int NFK = NF / KS, PER = MF * NFK * 4;   // floats a warp receives from each other slice
+    auto at = [&](int to, int from) {                  // [warp position][receiver][donor rank][PER][32]
+        return xb + ((wpos * KS + to) * (KS - 1) + (from < to ? from : from - 1)) * PER * 32 + lane;
+    };
+#pragma unroll
+    for (int to = 0; to < KS; ++to) {
+        if (to == slice) continue;
+        float *d = at(to, slice);
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+            for (int j = 0; j < NFK; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) d[((mf * NFK + j) * 4 + q) * 32] = acc[mf][to * NFK + j][q];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int j = 0; j < NFK; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int s = 0; s < KS; ++s)   // constant acc indices: a select, not local memory
+                    if (s == slice) sum = acc[mf][s * NFK + j][q];
+#pragma unroll
+                for (int s = 0; s < KS; ++s)
+                    if (s != slice) sum += at(slice, s)[((mf * NFK + j) * 4 + q) * 32];
+                mine[mf][j][q] = sum;
+            }
+}
+
+template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE, int STAGES,
+          int KS>
 __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     typedef typename D::S S;
     typedef SwizzledTile<BK> L;
     static_assert(D::TC && VEC * sizeof(S) == 16, "16-bit types with 16-byte vectors only");
     static_assert(STAGES >= 2, "at least two stages");
-    constexpr int NT = 32 * WM * WN;
+    static_assert(KS == 1 || KS == 2 || KS == 4, "k slices");
+    constexpr int NT = 32 * WM * WN * KS;
     constexpr int PAD = ST == 1 ? KH / 2 : 0;
-    __shared__ __align__(128) S As[STAGES][BM * BK];
-    __shared__ __align__(128) S Bs[STAGES][BN * BK];
+    // the ring: STAGES A tiles, then STAGES B tiles (one array: the k slices' exchange reuses all of it)
+    __shared__ __align__(128) S ring[STAGES * (BM + BN) * BK];
+    S(*As)[BM * BK] = reinterpret_cast<S(*)[BM * BK]>(ring);
+    S(*Bs)[BN * BK] = reinterpret_cast<S(*)[BN * BK]>(ring + STAGES * BM * BK);
     __shared__ float red[128];
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
@@ -224,9 +277,10 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     };
 
     constexpr int WTM = BM / WM, WTN = BN / WN, MF = WTM / 16, NF = WTN / 8;
-    static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile");
-    const int wm = warp / WN, wn = warp % WN;
-    const FragOffsets<S, BK, L, L> fo(wm * WTM, wn * WTN, lane);
+    static_assert(WTM % 16 == 0 && WTN % 16 == 0 && NF % KS == 0, "warp tile");
+    // warp -> (wm, wn, slice), ordered so that (wm, wn * KS + slice) is conv_finish's warp position
+    const int wm = warp / (WN * KS), wr = warp % (WN * KS), wn = wr / KS, slice = wr % KS;
+    const FragOffsets<S, BK, L, L, KS> fo(wm * WTM, wn * WTN, lane, slice);
     float acc[MF][NF][4];
     zero_acc(acc);
 
@@ -262,23 +316,31 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
         if (i + STAGES - 1 < ntiles) issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
         cp_async_commit();
-        mma_ktile<D, MF, NF, BK>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
+        mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
         st = st + 1 == STAGES ? 0 : st + 1;
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
 
-    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
+    if constexpr (KS == 1) {
+        conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
+    } else {
+        static_assert(sizeof(ring) >= 4u * BM * BN * (KS - 1), "the slices' exchange fits in the ring");
+        __syncthreads();   // every warp is done with the ring
+        float mine[MF][NF / KS][4];
+        slice_exchange<MF, NF, KS>(acc, mine, reinterpret_cast<float *>(ring), wm * WN + wn, slice, lane);
+        conv_finish<D, BM, BN, WM, WN * KS, VEC, GATE>(mine, mtiles, mt, sk, red, pre, CONV_ARGS);
+    }
 }
 
-// One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES>.
+// One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES> (and _k<KS>).
 // Tiles with at most 32 accumulators per thread are held to 128 registers (16 warps per SM): left
 // alone, ptxas lands a few registers above, which costs a CTA per SM (measured: the 128x32 tile
 // at 134 registers ran 17% slower than at 128). The up2 kernels' per-tap source arithmetic spills
 // at that cap: 168 registers (12 warps per SM) for them.
-#define PIPE_MIN_CTAS(BM, BN, WM, WN, UP) \
-    ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 ? 16 : 12) / ((WM) * (WN)) : 1)
-#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES)           \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN, PIPE_MIN_CTAS(BM, BN, WM, WN, UP))     \
+#define PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS) \
+    ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 ? 16 : 12) / ((WM) * (WN) * (KS)) : 1)
+#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS)       \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS)) \
         name(CONV_PARAMS) {                                                                      \
-        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES>(CONV_ARGS);         \
+        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS>(CONV_ARGS);     \
     }

@@ -75,8 +75,8 @@ def values(bits: np.ndarray, dtype: str) -> np.ndarray:
     return bits.view(np.float16).astype(np.float32) if dtype == "fp16" else ops.from_device(bits, dtype)
 
 
-def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, wn=2):
-    return ConvKey(dtype, bm, bn, bk, wm, wn, kh, st, up, 8, gate, stages)
+def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, wn=2, ks=1):
+    return ConvKey(dtype, bm, bn, bk, wm, wn, kh, st, up, 8, gate, stages, ks=ks)
 
 
 # (name, stock key, pipelined keys, shape). Shapes: Hin, Cin, N, Cr (residual K segment), batch,
@@ -96,6 +96,28 @@ CASES = [
     ("gate", key(32, 64, 32, kh=1, gate=True), [key(32, 64, 32, kh=1, gate=True, stages=3)],
      dict(hin=10, cin=40, n=40, cr=24, batch=2, gate=True)),
 ]
+
+# k slices (ConvKey.ks): the same GEMM summed in another order (each slice's k steps, then the
+# slices), so equal to the stock kernel within the output's rounding, not bit for bit. Cases: the
+# batch-1 tile (32x32x64, 2 slices), spare B-copy threads (32x32x32: 128 vectors, 256 threads), 4
+# slices, split-K on top, up2 with a residual segment, the gate, bf16.
+SLICE_CASES = [
+    ("3x3-norm-tbias-gelu-res", key(64, 64, 32), [key(32, 32, 64, stages=3, ks=2), key(32, 32, 32, stages=3, ks=2),
+                                                 key(32, 64, 64, stages=3, ks=4), key(64, 64, 32, stages=4, ks=2)],
+     dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
+    ("split-k", key(64, 64, 32), [key(32, 32, 64, stages=3, ks=2), key(64, 64, 32, stages=3, ks=2)],
+     dict(hin=8, cin=64, n=64, cr=16, batch=2, norm=True, splits=3)),
+    ("up2-norm-residual-conv", key(32, 64, 64, up=2), [key(32, 64, 64, up=2, stages=3, ks=2)],
+     dict(hin=6, cin=16, n=32, cr=24, batch=2, norm=True)),
+    ("gate", key(32, 64, 32, kh=1, gate=True), [key(32, 64, 32, kh=1, gate=True, stages=3, ks=2)],
+     dict(hin=10, cin=40, n=40, cr=24, batch=2, gate=True)),
+    ("1x1-bf16", key(128, 64, 32, kh=1, dtype="bf16"), [key(32, 64, 64, kh=1, dtype="bf16", stages=3, ks=2)],
+     dict(hin=16, cin=48, n=64, cr=0, batch=1, norm=True, act=1)),
+]
+# Output tolerance of a k-sliced kernel against the stock one: the fp32 sums differ by a few fp32
+# roundings, which can move a 16-bit output by one unit in the last place (fp16 2^-10, bf16 2^-7,
+# relative) where the value sits near a rounding boundary; nothing else may move.
+SLICE_RTOL = {"fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
 
 
 def compile_emu(source: str, d: Path, opts=("-O1",)) -> ctypes.CDLL:
@@ -132,7 +154,7 @@ def build_lib(keys, d: Path) -> ctypes.CDLL:
 
 @pytest.fixture(scope="module")
 def emu_lib(tmp_path_factory):
-    return build_lib([k for _, s, p, _ in CASES for k in [s] + p], tmp_path_factory.mktemp("emu"))
+    return build_lib([k for _, s, p, _ in CASES + SLICE_CASES for k in [s] + p], tmp_path_factory.mktemp("emu"))
 
 
 def macro_params(file: str = "conv.cu", macro: str = "CONV_PARAMS") -> list:
@@ -227,6 +249,34 @@ def test_pipelined_equals_stock_bit_for_bit(emu_lib, case):
         assert diff.size == 0, (f"{k.symbol}: {len(diff)} outputs differ from {stock.symbol}, "
                                 f"first at {diff[:4].tolist()}")
         assert np.array_equal(got_st, want_st, equal_nan=True), f"{k.symbol}: GroupNorm partials differ"
+
+
+@pytest.mark.parametrize("case", SLICE_CASES, ids=[c[0] for c in SLICE_CASES])
+def test_k_slices_equal_stock_within_output_rounding(emu_lib, case):
+    _, stock, sliced, shape = case
+    prob = Problem(stock, **shape)
+    want_out, want_st = prob.run(emu_lib, stock)
+    want = values(want_out, stock.dtype).astype(np.float64)
+    assert not np.isnan(want).any(), "stock kernel left outputs unwritten"
+    for k in sliced:
+        got_out, got_st = prob.run(emu_lib, k)
+        got = values(got_out, k.dtype).astype(np.float64)
+        assert not np.isnan(got).any(), f"{k.symbol}: outputs left unwritten"
+        err = np.abs(got - want) / np.maximum(np.abs(want), 1e-3)
+        assert err.max() <= SLICE_RTOL[k.dtype] * 1.01, (k.symbol, float(err.max()), np.argwhere(err > SLICE_RTOL[k.dtype])[:4])
+        assert (got_out != want_out).mean() < 0.05, f"{k.symbol}: {(got_out != want_out).mean():.1%} of outputs moved"
+        if not shape.get("gate"):   # GroupNorm statistics: per tile they depend on the tiling; per sample not
+            assert np.allclose(merged(got_st), merged(want_st), rtol=1e-4), k.symbol
+
+
+def merged(st: np.ndarray) -> np.ndarray:
+    """(count, mean, M2) per sample from per-tile (count, sum, M2 about the tile mean) partials."""
+    st = st.astype(np.float64)
+    cnt, tsum, m2 = st[..., 0], st[..., 1], st[..., 2]
+    n = cnt.sum(axis=1)
+    mean = tsum.sum(axis=1) / n
+    tile_mean = tsum / cnt
+    return np.stack([n, mean, (m2 + cnt * (tile_mean - mean[:, None]) ** 2).sum(axis=1)], axis=1)
 
 
 def test_emulated_stock_kernel_matches_numpy(emu_lib):

@@ -164,7 +164,7 @@ def test_pipelined_kernel_takes_conv_params():
     text = (kernels_dir() / "conv_pipe.cu").read_text()
     macro = re.search(r"#define CONV_PIPE_INSTANCE\(([^)]*)\)(.*)", text, re.S)
     names = [a.strip() for a in macro.group(1).split(",")]
-    assert names[-1] == "STAGES" and len(names) == 13
+    assert names[-2:] == ["STAGES", "KS"] and len(names) == 14
     assert re.search(r"name\(CONV_PARAMS\)", macro.group(2)) and "(CONV_ARGS)" in macro.group(2)
 
 

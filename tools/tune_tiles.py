@@ -84,11 +84,12 @@ def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict,
     for n in sorted(names, key=lambda n: heur[n] - best[n][0], reverse=True):
         t = best[n][1]
         print(f"  {heur[n]:7.2f} -> {best[n][0]:7.2f}  {n:28s} {t.bm}x{t.bn}x{t.bk} {t.wm}x{t.wn} "
-              f"{'h' if t.halo else 's'}{t.stages} split {t.splits or '-'}")
+              f"{'h' if t.halo else 's'}{t.stages}{f' k{t.ks}' if t.ks > 1 else ''} split {t.splits or '-'}")
     sms = device_sm_count(backend)
     meta = {"device": backend.device_name(), "sms": sms, "precision": precision, "config": cfg.to_dict(),
             "batch": batch, "graph_ms_heuristic": base_ms, "graph_ms_tuned": tuned_ms, "eps_rel_l2": rel,
-            "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names}}
+            "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names},
+            "measured_by": "python3 tools/tune_tiles.py " + " ".join(sys.argv[1:])}
     path = out_dir / file_name(meta["device"], sms, precision, batch)
     dump_tiles(path, tiles, meta)
     print(f"wrote {path}")

@@ -36,7 +36,8 @@ class ConvKey:
     """One instantiation of conv_gemm (kernels/conv.cu), or with stages > 0 of conv_gemm_pipe
     (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; the default for 16-bit convs, see
     ops.stages_from_env), or with halo of conv_gemm_halo (kernels/conv_halo.cu: 3x3 stride 1, the
-    input staged once per channel chunk as a halo tile, `stages` slots of weights in flight)."""
+    input staged once per channel chunk as a halo tile, `stages` slots of weights in flight). ks > 1
+    (the cp.async conv only): each warp tile shared by ks warps, each taking every ks-th k step."""
     dtype: str      # "fp32" | "fp16" | "bf16"
     bm: int
     bn: int
@@ -50,22 +51,24 @@ class ConvKey:
     gate: bool
     stages: int = 0   # 0: conv_gemm (register-staged double buffering)
     halo: bool = False
+    ks: int = 1       # k slices of the cp.async conv: KS warps per warp tile (kernels/conv_pipe.cu)
 
     @property
     def symbol(self) -> str:
         kind = "gate" if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
         return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}"
-                + (f"_{'h' if self.halo else 's'}{self.stages}" if self.stages else ""))
+                + (f"_{'h' if self.halo else 's'}{self.stages}" if self.stages else "")
+                + (f"_k{self.ks}" if self.ks != 1 else ""))
 
     @property
     def threads(self) -> int:
-        return 32 * self.wm * self.wn
+        return 32 * self.wm * self.wn * self.ks
 
     def instance(self) -> str:
         if self.halo:
             return (f"CONV_HALO_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                     f"{self.wm}, {self.wn}, {self.up}, {self.stages})")
-        macro, tail = ("CONV_PIPE_INSTANCE", f", {self.stages}") if self.stages else ("CONV_INSTANCE", "")
+        macro, tail = ("CONV_PIPE_INSTANCE", f", {self.stages}, {self.ks}") if self.stages else ("CONV_INSTANCE", "")
         return (f"{macro}({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                 f"{self.wm}, {self.wn}, {self.kh}, {self.stride}, {self.up}, {self.vec}, "
                 f"{'true' if self.gate else 'false'}{tail})")

@@ -137,6 +137,7 @@ class TileChoice:
     stages: int = 0      # 0: conv_gemm; n: the cp.async conv with n stages
     splits: int = 0      # 0: choose_splits decides
     halo: int = 0        # 1: the halo conv (kernels/conv_halo.cu) with `stages` weight slots
+    ks: int = 1          # k slices of the cp.async conv (ConvKey.ks)
 
 
 # ---- tile choice ----------------------------------------------------------------------------------
@@ -231,13 +232,19 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
     kv, vb = key.bk // key.vec, 16 // eb
     rpp = nt // kv if kv and nt % kv == 0 else 0
     ap = cdiv(key.bm, rpp) if rpp else 0
+    bvec = key.bn * key.bk // vb
+    sliced = key.stages and not key.halo   # the cp.async conv: k slices, spare B-copy threads
+    # k slices: each takes whole n-fragment column groups and k steps; their exchange fits in the ring
+    ks_ok = (sliced and key.ks in (2, 4) and (key.bn // key.wn // 8) % key.ks == 0 and (key.bk // 16) % key.ks == 0
+             and 4 * key.bm * key.bn * (key.ks - 1) <= pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages))
     smem = (pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + PIPE_SCRATCH if key.stages else
             2 * eb * ((key.bm + key.bn) * (key.bk + 8) if tc else key.bk * (key.bm + key.bn + 8)) + GEMM_SCRATCH)
     problems = [
         (key.bk not in ((32, 64) if tc else (16,)), f"BK {key.bk}"),
         (not rpp or not (key.bm % rpp == 0 or ap == 1) or ap > 32, f"A split of {key.bm} rows over {nt} threads"),
-        ((key.bn * key.bk // vb) % nt != 0, f"B split of {key.bn}x{key.bk} over {nt} threads"),
+        (bvec % nt != 0 and not (sliced and nt % bvec == 0), f"B split of {key.bn}x{key.bk} over {nt} threads"),
         (tc and ((key.bm // key.wm) % 16 or (key.bn // key.wn) % 16), f"warp tile {key.bm}/{key.wm} x {key.bn}/{key.wn}"),
+        (key.ks != 1 and not ks_ok, f"{key.ks} k slices"),
         (not tc and (key.bm % 16 or (key.bn // max(nt // 16, 1)) % 4), "FFMA thread tile"),
         (key.stages and (not tc or key.vec != VEC_MAX[key.dtype] or not 2 <= key.stages <= MAX_STAGES),
          f"cp.async stages {key.stages}"),
@@ -297,8 +304,9 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
     t = ctx.tiles.get(name)
     if t is None or (t.halo and not ctx.conv_stages):   # a halo tile says nothing about conv_gemm's
         return None
-    tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk,
-                                stages=t.stages if ctx.conv_stages else 0, halo=bool(t.halo))
+    stages = t.stages if ctx.conv_stages else 0
+    tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk, stages=stages, halo=bool(t.halo),
+                                ks=t.ks if stages else 1)
     check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
     bad = (halo_problems(tuned, geom) if geom else ["a gate"]) if tuned.halo else []
     if bad:

@@ -5,8 +5,9 @@ of ops.choose_tile's guess.
 A tuning file belongs to one (model config, device, SM count, precision, batch): tiles that win on
 an H100 at batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made
 for other ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "config",
-"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo}}, ...measurements}; halo (the
-halo conv, kernels/conv_halo.cu) may be absent (0) in files written before it existed.
+"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo, ks}}, ...measurements}; halo (the
+halo conv, kernels/conv_halo.cu) and ks (k slices of the cp.async conv) may be absent (0, 1) in
+files written before they existed.
 
 Where the executor finds them (`find_tiles`, unless told otherwise): $JETSON_UNET_TILES, else
 ~/.cache/jetson-unet/tiles (where `tools/tune_tiles.py` writes by default), then the files shipped
@@ -80,13 +81,17 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
         else:
             variants = [(64, 0), (32, 0)] if tc else [(16, 0)]
         for bk, stages in variants:
-            t = TileChoice(bm, bn, wm, wn, bk, stages)
-            try:
-                check_key(dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=stages), n, dyn, op.out)
-            except ConfigError:
-                continue
-            if t not in out:
-                out.append(t)
+            # k slices for tiles of up to 4 warps and 32 accumulators per thread (8 warps with them,
+            # still two CTAs per SM at the 128-register cap: more warps per tile, the batch-1 case)
+            for ks in ((1, 2) if stages and wm * wn <= 4 and bm * bn <= 1024 * wm * wn else (1,)):
+                t = TileChoice(bm, bn, wm, wn, bk, stages, ks=ks)
+                try:
+                    check_key(dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=stages, ks=ks),
+                              n, dyn, op.out)
+                except ConfigError:
+                    continue
+                if t not in out:
+                    out.append(t)
     if pipe and not gate:
         geom = conv_geom(op, ctx)
         for bm, bn, wm, wn in HALO_TILES:
@@ -132,7 +137,7 @@ def load_tiles(path: Path, precision: str, batch: int, sms: int, config: Any = N
     try:
         doc = json.loads(path.read_text())
         tiles = {str(k): TileChoice(**{f: int(v[f]) for f in ("bm", "bn", "wm", "wn", "bk", "stages", "splits")},
-                                    halo=int(v.get("halo", 0)))
+                                    halo=int(v.get("halo", 0)), ks=int(v.get("ks", 1)))
                  for k, v in doc["tiles"].items()}
         made = (str(doc["precision"]), int(doc["batch"]), int(doc["sms"]))
     except OSError as e:

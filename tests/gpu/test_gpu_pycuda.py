@@ -209,7 +209,7 @@ def test_pycuda_halo_conv_equals_cupy(backend, cupy_backend, weights):
     attribute) must be set before its launches. A batch-16 call with halo tiles wherever they apply,
     through both backends."""
     from runtime.gpu.executor import device_sm_count
-    from test_gpu_halo import halo_rounds, halo_symbols
+    from test_gpu_tile_variants import halo_rounds, halo_symbols
     cfg = weights.config
     rng = np.random.default_rng(16)
     x = rng.standard_normal((16, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)

@@ -1,7 +1,9 @@
-"""The halo conv (kernels/conv_halo.cu) on the GPU: every op it can run, with every halo tile the tuner
-would time (tools/tune_tiles.py candidates) and with split-K, against the float64 reference op by
-op (test_gpu_ops.check_all_ops: teacher forcing, NaN-poisoned outputs); then a whole batch-16 call
-with halo tiles wherever they apply against the default kernels."""
+"""The tile variants the tuner may pick beyond the built-in kernels, on the GPU: the halo conv
+(kernels/conv_halo.cu) and the k-sliced cp.async conv (kernels/conv_pipe.cu, ConvKey.ks). Every op
+each can run, with every such tile the tuner would time (tools/tune_tiles.py candidates) and with
+split-K, against the float64 reference op by op (test_gpu_ops.check_all_ops: teacher forcing,
+NaN-poisoned outputs); then a whole batch-16 call with those tiles wherever they apply against the
+default kernels."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,12 +22,16 @@ from test_gpu_ops import OP_TOL, W, check_all_ops
 from test_gpu_unet import UNET_TOL
 
 
-def halo_rounds(weights, precision: str, batch: int, sms: int):
-    """[{op: TileChoice}, ...]: round r gives every halo-capable op its r-th halo candidate (then the
-    first one again with 3 splits), and the kernel keys of all rounds (one module for all)."""
+# kind -> (which candidates, the symbol suffix of its kernels)
+KINDS = {"halo": (lambda t: t.halo, r"_h\d+$"), "k slices": (lambda t: t.ks > 1, r"_k\d+$")}
+
+
+def halo_rounds(weights, precision: str, batch: int, sms: int, kind: str = "halo"):
+    """[{op: TileChoice}, ...]: round r gives every op that can run `kind` its r-th candidate of that
+    kind (then the first one again with 3 splits), and the kernel keys of all rounds (one module)."""
     plan = build_plan(weights.config)
     ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan))
-    per_op = {op.out: [t for t in candidates(op, ctx) if t.halo] for op in plan.ops if tunable(op, ctx)}
+    per_op = {op.out: [t for t in candidates(op, ctx) if KINDS[kind][0](t)] for op in plan.ops if tunable(op, ctx)}
     per_op = {n: c + [dataclasses.replace(c[0], splits=3)] for n, c in per_op.items() if c}
     width = max(len(c) for c in per_op.values())
     rounds = [{n: c[r] for n, c in per_op.items() if r < len(c)} for r in range(width)]
@@ -35,21 +41,22 @@ def halo_rounds(weights, precision: str, batch: int, sms: int):
     return rounds, sorted(keys, key=lambda k: k.symbol)
 
 
-def halo_symbols(ex) -> list:
-    return [L.fn.symbol for L in ex.launches if re.search(r"_h\d+$", L.fn.symbol)]
+def halo_symbols(ex, kind: str = "halo") -> list:
+    return [L.fn.symbol for L in ex.launches if re.search(KINDS[kind][1], L.fn.symbol)]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_every_halo_tile_matches_reference(backend, precision):
+def test_every_halo_or_sliced_tile_matches_reference(backend, precision, kind):
     weights = W(UNetConfig(), seed=7)
     sms = device_sm_count(backend)
-    rounds, keys = halo_rounds(weights, precision, 2, sms)
+    rounds, keys = halo_rounds(weights, precision, 2, sms, kind)
     l2_tol, max_tol = OP_TOL[precision]
     bad, worst, ran = [], (0.0, ""), 0
     for tiles in rounds:
         with GpuExecutor(weights, precision, batch=2, backend=backend, tiles=tiles, extra_keys=keys) as ex:
-            syms = halo_symbols(ex)
+            syms = halo_symbols(ex, kind)
             assert len(syms) == len(tiles), (len(syms), len(tiles))
             for name, sym, l2, mx in check_all_ops(ex, weights, seed=21):
                 if name not in tiles:
@@ -58,22 +65,23 @@ def test_every_halo_tile_matches_reference(backend, precision):
                 worst = max(worst, (l2, f"{name} [{sym}]"))
                 if not (l2 < l2_tol and mx < max_tol):
                     bad.append(f"{name} [{sym} split {tiles[name].splits}] l2={l2:.1e} max={mx:.1e}")
-    report(f"halo ops b2 {precision}: {ran} op x tile runs over {len(rounds)} rounds, worst l2 {worst[0]:.2e} "
+    report(f"{kind} ops b2 {precision}: {ran} op x tile runs over {len(rounds)} rounds, worst l2 {worst[0]:.2e} "
            f"at {worst[1]}; {len(bad)} bad: " + "; ".join(bad[:8]))
     assert ran and not bad, bad[:5]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_halo_unet_at_batch_16_matches_default_kernels(backend, weights, precision):
+def test_halo_or_sliced_unet_at_batch_16_matches_default_kernels(backend, weights, precision, kind):
     cfg = weights.config
     rng = np.random.default_rng(16)
     x = rng.standard_normal((16, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
     t = (np.arange(16) * 7) % cfg.timesteps
     sms = device_sm_count(backend)
-    rounds, keys = halo_rounds(weights, precision, 16, sms)
+    rounds, keys = halo_rounds(weights, precision, 16, sms, kind)
     with GpuExecutor(weights, precision, batch=16, backend=backend, tiles=rounds[0], extra_keys=keys) as ex:
-        n_halo = len(halo_symbols(ex))
+        n_halo = len(halo_symbols(ex, kind))
         got = ex.eps(x, t)
         again = ex.eps(x, t)
     with GpuExecutor(weights, precision, batch=16, backend=backend, tiles={}) as ex:
@@ -81,5 +89,5 @@ def test_halo_unet_at_batch_16_matches_default_kernels(backend, weights, precisi
     assert n_halo and np.isfinite(got).all()
     assert np.array_equal(got, again), "two calls on the same input differ: a race"
     err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-    report(f"unet b16 {precision}: {n_halo} halo launches vs the built-in tiles: rel L2 {err:.2e}")
+    report(f"unet b16 {precision}: {n_halo} {kind} launches vs the built-in tiles: rel L2 {err:.2e}")
     assert err < UNET_TOL[precision]
