@@ -3,10 +3,11 @@
 // turns it off): the loader appends this file after conv.cu only to modules that instantiate it.
 //
 // Computes exactly what conv_gemm computes (same GEMM, K order, in_map, fused GroupNorm, residual K
-// segment, split-K, epilogue and statistics: those are conv.cu's shared device functions), for
-// fp16/bf16 with 16-byte vectors (channels % 8 == 0, 16-byte aligned strides and view offsets);
-// everything else keeps conv_gemm. Same parameter list (CONV_PARAMS) and launch shape: grid
-// (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN, dynamic smem 8*Cin bytes when normalized.
+// segment, split-K, epilogue and statistics: those are conv.cu's shared device functions; with k
+// slices, the same sums in another order), for fp16/bf16 with 16-byte vectors (channels % 8 == 0,
+// 16-byte aligned strides and view offsets); everything else keeps conv_gemm. Same parameter list
+// (CONV_PARAMS) and launch shape: grid (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN*KS (KS
+// k slices, below), dynamic smem 8*Cin bytes when normalized.
 //
 // Why: conv_gemm stages one k-tile in registers, so every k-tile costs one exposed global-memory
 // latency (docs/perf-notes.md: ~60 TFLOP/s at batch 16 on an H200, ~14 us per GEMM conv at batch
