@@ -178,62 +178,65 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // writes {count, sum, M2 about the tile mean, 0}. Two passes over registers: no cancellation.
 struct StatPartial { float n, sum, m2, pad; };
 
-// Consumer: merge the P partials (count n_i, sum s_i, M2 m_i about the tile mean) of one sample over
-// the whole CTA, returning (mean, rstd) to every thread. Two passes in fp32, one barrier each:
-// 1. the mean, as sums of deviations from a shift: each warp sums n_i and s_i - n_i K_w about K_w,
-//    the mean of its lane 0's partial; the nw warp sums then meet about warp 0's (partial 0's) mean,
-//    which keeps the mean within about one rounding of itself where a plain S / N lost a few
-//    roundings to S's magnitude;
+// Consumer: merge the P partials (count n_i, sum s_i, M2 m_i about the tile mean) of one sample into
+// (mean, rstd). Each warp merges all P partials on its own, with shuffles only (no shared memory, no
+// barrier): lane l takes partials l, l + 32, ...; every warp runs the same operations on the same data,
+// so every thread returns the same bits. Two passes in fp32:
+// 1. the mean, as a sum of deviations from a shift K (partial 0's mean): d = sum (s_i - n_i K), mean =
+//    K + d / n, which keeps the mean within about one rounding of itself where a plain S / N lost a
+//    few roundings to S's magnitude;
 // 2. M2 = sum (m_i + n_i (s_i / n_i - mean)^2), a sum of non-negative terms about the merged mean,
 //    so nothing cancels whatever the mean/std ratio or the spread of the tile means (Chan et al.).
-// The thread's first partial is loaded at the kernel's entry (GnPrefetch), so its latency overlaps
-// the kernel's set-up and first copies instead of following them; partials past the first blockDim
-// are loaded here, and reloaded by pass 2 (L1 hits).
-// This was a one-pass merge in double, which the Orin (FP64 at 1/64 of FP32) would pay dearly for:
-// a DDIV per partial in every thread, then DDIV / DSQRT on one thread behind a barrier.
-struct GnPrefetch {   // a load only: nothing here waits for it
-    float4 v;   // partial threadIdx.x (< P), else zeros
+// Divisions and the square root are the approximate forms (__fdividef, rsqrtf: within 2 ulp, far
+// inside the tests' 5e-6): an IEEE division's slow path is a subroutine call, and its register saves
+// made ptxas spill at the 128-register cap in half a dozen tiles.
+// The lane's first partial is loaded at the kernel's entry (GnPrefetch), so its latency overlaps the
+// kernel's set-up and first copies; partials past the first 32 are loaded here, and reloaded by pass
+// 2 (L1 hits). More at entry (GN_PF = 4 covers P <= 128) measured slower at batch 16 and held
+// registers that the 128-register tiles spilled for.
+// History: a one-pass merge in double (a DDIV per partial in every thread: the Orin has FP64 at 1/64
+// of FP32), then the same two passes over the whole CTA (per-warp sums, a barrier, every thread
+// summing the warps' sums from smem, twice). This one took a batch-1 U-Net call 0.438 -> 0.431 ms
+// and batch 16 1.189 -> 1.170 ms (H100, docs/perf-notes.md session 9).
+constexpr int GN_PF = 1;   // partials per lane loaded at entry
+struct GnPrefetch {   // loads only: nothing here waits for them
+    float4 v[GN_PF];  // partials lane + 32 j (< P), else zeros
     __device__ __forceinline__ GnPrefetch(const float4* part, int P) {
-        v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (part && (int)threadIdx.x < P) v = part[threadIdx.x];
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int j = 0; j < GN_PF; ++j)
+            v[j] = (part && lane + 32 * j < P) ? part[lane + 32 * j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 };
 
-// `scratch` holds 4 * 32 floats.
-__device__ __forceinline__ float2 gn_merge(const float4* part, int P, const GnPrefetch& pre, float eps,
-                                           float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    const float kn = __shfl_sync(0xffffffffu, pre.v.x, 0), ks = __shfl_sync(0xffffffffu, pre.v.y, 0);
-    const float K = kn > 0.0f ? ks / kn : 0.0f;
-    float n = pre.v.x, d = fmaf(-pre.v.x, K, pre.v.y);
-    for (int i = threadIdx.x + blockDim.x; i < P; i += blockDim.x) {
+__device__ __forceinline__ float2 gn_merge(const float4* part, int P, const GnPrefetch& pre, float eps) {
+    const int lane = threadIdx.x & 31;
+    const float kn = __shfl_sync(0xffffffffu, pre.v[0].x, 0), ks = __shfl_sync(0xffffffffu, pre.v[0].y, 0);
+    const float K = kn > 0.0f ? __fdividef(ks, kn) : 0.0f;   // any shift near the mean will do
+    float n = 0.0f, d = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GN_PF; ++j) {
+        n += pre.v[j].x;
+        d += fmaf(-pre.v[j].x, K, pre.v[j].y);
+    }
+    for (int i = lane + 32 * GN_PF; i < P; i += 32) {
         const float4 v = part[i];
         n += v.x;
         d += fmaf(-v.x, K, v.y);
     }
     n = warp_sum(n);
     d = warp_sum(d);
-    if (lane == 0) { scratch[warp] = n; scratch[32 + warp] = d; scratch[64 + warp] = K; }
-    __syncthreads();
-    const float K0 = scratch[64];
-    float tn = 0.0f, td = 0.0f;
-    for (int w = 0; w < nw; ++w) {
-        tn += scratch[w];
-        td += fmaf(scratch[w], scratch[64 + w] - K0, scratch[32 + w]);
-    }
-    const float mean = K0 + td / tn;
-    auto m2 = [&](const float4& v) {
-        const float dm = v.y / v.x - mean;
-        return v.x > 0.0f ? v.z + v.x * dm * dm : 0.0f;
+    const float mean = K + __fdividef(d, n);
+    auto m2 = [&](const float4& v) {   // n_i (s_i / n_i - mean)^2 = e^2 / n_i, e = s_i - n_i mean (one rounding)
+        const float e = fmaf(-v.x, mean, v.y);
+        return v.x > 0.0f ? fmaf(e, __fdividef(e, v.x), v.z) : 0.0f;
     };
-    float q = m2(pre.v);
-    for (int i = threadIdx.x + blockDim.x; i < P; i += blockDim.x) q += m2(part[i]);
+    float q = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GN_PF; ++j) q += m2(pre.v[j]);
+    for (int i = lane + 32 * GN_PF; i < P; i += 32) q += m2(part[i]);
     q = warp_sum(q);
-    if (lane == 0) scratch[96 + warp] = q;
-    __syncthreads();
-    float tq = 0.0f;
-    for (int w = 0; w < nw; ++w) tq += scratch[96 + w];
-    return make_float2(mean, 1.0f / sqrtf(tq / tn + eps));
+    return make_float2(mean, rsqrtf(__fdividef(q, n) + eps));
 }
 
 // The split-K ticket: an atomic add with acquire-release semantics at GPU scope (PTX ISA 6.0,

@@ -49,14 +49,14 @@ extern __shared__ __align__(16) float dyn_smem[];
 // fp32: scale[Cin], shift[Cin] as floats. 16-bit: scale, shift_hi, shift_lo as S[Cin] each, for
 // packed fma (GnCoef): shift_lo holds what S cannot of the shift, so that a large mean/std ratio
 // costs no more than one rounding of the normalized value.
-// `gp`: the partials the kernel loaded at its entry (GnPrefetch); `red` (128 floats) is the kernel's
-// static smem scratch (gn_merge's; the epilogue's statistics reuse it after the k loop's barriers).
+// `gp`: the partials the kernel loaded at its entry (GnPrefetch); each warp merges them on its own
+// (gn_merge), so the only barrier is the one that publishes the table.
 // The affine weights of the first PF * NT channels (4: 512 channels at 128 threads) are loaded
 // before the merge, so their latency overlaps the partials' instead of following it (one exposed
 // global latency less).
 template <class D, int NT, int PF>
 __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P, const GnPrefetch &gp, float gn_eps,
-                                                 const float *gn_w, const float *gn_b, int Cin, int b, float *red) {
+                                                 const float *gn_w, const float *gn_b, int Cin, int b) {
     float pw[PF], pb[PF];
 #pragma unroll
     for (int r = 0; r < PF; ++r) {
@@ -64,7 +64,7 @@ __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P
         pw[r] = c < Cin ? gn_w[c] : 0.0f;
         pb[r] = c < Cin ? gn_b[c] : 0.0f;
     }
-    const float2 mr = gn_merge(gn_part + (size_t)b * gn_P, gn_P, gp, gn_eps, red);
+    const float2 mr = gn_merge(gn_part + (size_t)b * gn_P, gn_P, gp, gn_eps);
     const float mean = mr.x, rstd = mr.y;
     auto put = [&](int c, float w, float bb) {
         const float s = w * rstd, sh = bb - mean * s;
@@ -88,31 +88,36 @@ __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P
     __syncthreads();
 }
 
-// Bias and time bias (gates: bias and psi) of the CTA's BN output columns, loaded into registers at
-// the start (t_idx -> table row -> value is two dependent latencies) and published to smem (`ep`,
-// 2 * BN floats) by conv_finish: the epilogue then waits on no global load but the residual's.
+// Bias (gates: bias and psi) of the CTA's BN output columns, loaded into registers at the start and
+// published to smem (`ep`, 2 * BN floats) by conv_finish with the time bias (convs), which is
+// loaded only then: the seed model's GEMM convs have none (the blocks' time bias is the depthwise
+// conv's), and a register held across the k loop for it made ptxas spill at the 128-register cap
+// (docs/perf-notes.md session 9). The epilogue then waits on no global load but the residual's.
 // ON for the tensor-core kernels up to BN 128; off (loads in the epilogue) for the 256-wide gate,
 // whose tiles fill the smem budget, and for FFMA, where ptxas then spilled.
 template <int BN, int NT, bool GATE, bool ENABLE> struct EpiloguePrefetch {
     static constexpr bool ON = ENABLE && BN <= 128;
     static constexpr int R = ON ? (BN + NT - 1) / NT : 0;
-    float bias[R > 0 ? R : 1], second[R > 0 ? R : 1];
-    __device__ __forceinline__ void load(const float *bias_, const float *tbias, int tb_stride, const int *t_idx,
-                                         const float *psi_w, int b, int n0, int N) {
-        const int row = (!GATE && tbias) ? t_idx[b] * tb_stride : 0;
+    float bias[R > 0 ? R : 1], psi[GATE && R > 0 ? R : 1];
+    __device__ __forceinline__ void load(const float *bias_, const float *psi_w, int n0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int c = threadIdx.x + r * NT, n = n0 + c;
             bias[r] = c < BN ? bias_[n] : 0.0f;                    // bias and psi are padded to Npad
-            if constexpr (GATE) second[r] = c < BN ? psi_w[n] : 0.0f;
-            else second[r] = (tbias && c < BN && n < N) ? tbias[row + n] : 0.0f;
+            if constexpr (GATE) psi[r] = c < BN ? psi_w[n] : 0.0f;
         }
     }
-    __device__ __forceinline__ void publish(float *ep) const {
+    __device__ __forceinline__ void publish(float *ep, const float *tbias, int tb_stride, const int *t_idx, int b,
+                                            int n0, int N) const {
+        const int row = (!GATE && tbias) ? t_idx[b] * tb_stride : 0;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const int c = threadIdx.x + r * NT;
-            if (c < BN) { ep[c] = bias[r]; ep[BN + c] = second[r]; }
+            const int c = threadIdx.x + r * NT, n = n0 + c;
+            if (c < BN) {
+                ep[c] = bias[r];
+                if constexpr (GATE) ep[BN + c] = psi[r];
+                else ep[BN + c] = (tbias && n < N) ? tbias[row + n] : 0.0f;
+            }
         }
     }
 };
@@ -320,7 +325,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
     __shared__ float ep[ON ? 2 * BN : 1];
     const float *ebias = ep, *esecond = ep + BN;
     if constexpr (ON) {
-        pre.publish(ep);
+        pre.publish(ep, tbias, tb_stride, t_idx, b, n0, N);
         __syncthreads();
     } else {
         ebias = bias + n0;
@@ -426,7 +431,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         }
         if (st_part) {   // GroupNorm partials of this tile: count, sum, M2 about the tile mean
             const float cnt = (float)(min(BM, M - m0) * min(BN, N - n0));
-            const float tsum = block_sum(lsum, red), tmean = tsum / cnt;
+            const float tsum = block_sum(lsum, red), tmean = __fdividef(tsum, cnt);   // within 2 ulp: M2 grows by n * err^2
             float lm2 = 0.0f;
 #pragma unroll
             for (int p = 0; p < NPAIR; ++p) {
@@ -460,7 +465,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     constexpr int B_SZ = TC ? BN * LDB : BK * LDB;
     __shared__ __align__(16) S As[2][A_SZ];
     __shared__ __align__(16) S Bs[2][B_SZ];
-    __shared__ float red[128];
+    __shared__ float red[33];   // block_sum scratch (the statistics epilogue)
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z;
@@ -472,10 +477,10 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     const bool norm = gn_part != nullptr;
 
     EpiloguePrefetch<BN, NT, GATE, TC> pre;
-    pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
+    pre.load(bias, psi_w, n0);
 
     // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b, red);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b);
 
     // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
     typedef ARows<BM, BK, VEC, NT> AR;

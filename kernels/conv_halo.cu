@@ -44,7 +44,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     static_assert(D::TC && sizeof(S) == 2, "16-bit types only");
     static_assert(STAGES >= 2 && STAGES <= 10, "ring depth (halo buffer reuse needs <= 10)");
     static_assert(NT % KV == 0, "a thread's halo vectors share one channel group");
-    __shared__ float red[128];
+    __shared__ float red[33];   // block_sum scratch (the statistics epilogue)
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
@@ -178,8 +178,8 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         cp_async_commit();
     }
     EpiloguePrefetch<BN, NT, false, true> pre;
-    pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b, red);
+    pre.load(bias, psi_w, n0);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b);
 
     Pos cp = start(kb);   // the unit to compute
     int st = 0;

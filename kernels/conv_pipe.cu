@@ -180,7 +180,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     __shared__ __align__(128) S ring[STAGES * (BM + BN) * BK];
     S(*As)[BM * BK] = reinterpret_cast<S(*)[BM * BK]>(ring);
     S(*Bs)[BN * BK] = reinterpret_cast<S(*)[BN * BK]>(ring + STAGES * BM * BK);
-    __shared__ float red[128];
+    __shared__ float red[33];   // block_sum scratch (the statistics epilogue)
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
@@ -299,8 +299,8 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     }
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
     EpiloguePrefetch<BN, NT, GATE, true> pre;
-    pre.load(bias, tbias, tb_stride, t_idx, psi_w, b, n0, N);
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b, red);
+    pre.load(bias, psi_w, n0);
+    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b);
 
     int st = 0;
     for (int i = 0; i < ntiles; ++i) {

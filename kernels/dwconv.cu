@@ -108,7 +108,7 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
     }
     if (st_part) {
         const float cnt = (float)(min(TH, H - y0) * min(TW, W - x0) * min(CC, C - c0));
-        const float tsum = block_sum(lsum, red), tmean = tsum / cnt;
+        const float tsum = block_sum(lsum, red), tmean = __fdividef(tsum, cnt);   // within 2 ulp: M2 grows by n * err^2
         float lm2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < TW; ++j)

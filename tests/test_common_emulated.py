@@ -25,9 +25,8 @@ pytestmark = pytest.mark.slow
 HARNESS = r"""
 extern "C" void emu_gn_merge(const float4 *part, int P, float eps, float *out, int nt) {
     emu_launch([&] {
-        __shared__ float scratch[128];
         const GnPrefetch pre(part, P);
-        const float2 mr = gn_merge(part, P, pre, eps, scratch);
+        const float2 mr = gn_merge(part, P, pre, eps);
         out[2 * threadIdx.x] = mr.x;
         out[2 * threadIdx.x + 1] = mr.y;
     }, 1, 1, 1, nt);

@@ -43,6 +43,7 @@ inline float __fdividef(float a, float b) { return (float)((double)a / b * (1.0 
 #else
 inline float __fdividef(float a, float b) { return a / b; }
 #endif
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }   // the device's MUFU.RSQ is within 2 ulp
 inline int __float2int_rz(float f) { return (int)f; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
