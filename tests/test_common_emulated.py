@@ -3,8 +3,9 @@ tests/test_conv_pipe_emulated.py): the GroupNorm statistics merge and the CTA su
 block_sum) against float64, and the small-integer division (div_small) against Python's.
 
 gn_merge turns a sample's per-CTA partials (count, sum, M2 about the tile mean, as the producers
-write them in fp32) into (mean, rstd) in fp32, in two passes (the mean, then M2 about it). Cases: one
-partial, fewer partials than threads, several per thread (ragged), CTAs of 2, 4 and 8 warps, data
+write them in fp32) into (mean, rstd) in fp32, each warp on its own, in two passes (the mean, then M2
+about it). Cases: one partial, fewer partials than a warp's lanes, several per lane (ragged), past
+the entry prefetch, CTAs of 2, 4 and 8 warps (every warp must agree), data
 centred and offset by 100 and 1000 standard deviations (where the naive sum(s^2 / n) - S^2 / N in
 fp32 would keep no digit of the variance), and one tile far from the rest (which a one-pass merge
 about a shift would lose digits to). Every
