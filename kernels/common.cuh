@@ -192,34 +192,26 @@ struct StatPartial { float n, sum, m2, pad; };
 // made ptxas spill at the 128-register cap in half a dozen tiles.
 // The lane's first partial is loaded at the kernel's entry (GnPrefetch), so its latency overlaps the
 // kernel's set-up and first copies; partials past the first 32 are loaded here, and reloaded by pass
-// 2 (L1 hits). More at entry (GN_PF = 4 covers P <= 128) measured slower at batch 16 and held
-// registers that the 128-register tiles spilled for.
+// 2 (L1 hits). Four per lane at entry (P <= 128) measured slower at batch 16 and held registers that
+// the 128-register tiles spilled for.
 // History: a one-pass merge in double (a DDIV per partial in every thread: the Orin has FP64 at 1/64
 // of FP32), then the same two passes over the whole CTA (per-warp sums, a barrier, every thread
 // summing the warps' sums from smem, twice). This one took a batch-1 U-Net call 0.438 -> 0.431 ms
 // and batch 16 1.189 -> 1.170 ms (H100, docs/perf-notes.md session 9).
-constexpr int GN_PF = 1;   // partials per lane loaded at entry
-struct GnPrefetch {   // loads only: nothing here waits for them
-    float4 v[GN_PF];  // partials lane + 32 j (< P), else zeros
+struct GnPrefetch {   // a load only: nothing here waits for it
+    float4 v;         // partial (lane) if lane < P, else zeros
     __device__ __forceinline__ GnPrefetch(const float4* part, int P) {
         const int lane = threadIdx.x & 31;
-#pragma unroll
-        for (int j = 0; j < GN_PF; ++j)
-            v[j] = (part && lane + 32 * j < P) ? part[lane + 32 * j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v = (part && lane < P) ? part[lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 };
 
 __device__ __forceinline__ float2 gn_merge(const float4* part, int P, const GnPrefetch& pre, float eps) {
     const int lane = threadIdx.x & 31;
-    const float kn = __shfl_sync(0xffffffffu, pre.v[0].x, 0), ks = __shfl_sync(0xffffffffu, pre.v[0].y, 0);
+    const float kn = __shfl_sync(0xffffffffu, pre.v.x, 0), ks = __shfl_sync(0xffffffffu, pre.v.y, 0);
     const float K = kn > 0.0f ? __fdividef(ks, kn) : 0.0f;   // any shift near the mean will do
-    float n = 0.0f, d = 0.0f;
-#pragma unroll
-    for (int j = 0; j < GN_PF; ++j) {
-        n += pre.v[j].x;
-        d += fmaf(-pre.v[j].x, K, pre.v[j].y);
-    }
-    for (int i = lane + 32 * GN_PF; i < P; i += 32) {
+    float n = pre.v.x, d = fmaf(-pre.v.x, K, pre.v.y);
+    for (int i = lane + 32; i < P; i += 32) {
         const float4 v = part[i];
         n += v.x;
         d += fmaf(-v.x, K, v.y);
@@ -231,10 +223,8 @@ __device__ __forceinline__ float2 gn_merge(const float4* part, int P, const GnPr
         const float e = fmaf(-v.x, mean, v.y);
         return v.x > 0.0f ? fmaf(e, __fdividef(e, v.x), v.z) : 0.0f;
     };
-    float q = 0.0f;
-#pragma unroll
-    for (int j = 0; j < GN_PF; ++j) q += m2(pre.v[j]);
-    for (int i = lane + 32 * GN_PF; i < P; i += 32) q += m2(part[i]);
+    float q = m2(pre.v);
+    for (int i = lane + 32; i < P; i += 32) q += m2(part[i]);
     q = warp_sum(q);
     return make_float2(mean, rsqrtf(__fdividef(q, n) + eps));
 }
