@@ -4,12 +4,18 @@
 //   + tbias[t_idx[b], c]  (zero padding), and GroupNorm(1) partials of `out` for the next conv's
 //   norm1 (one StatPartial per CTA: count, sum, M2 about the tile mean).
 // The input may be a view of a concat buffer (pixel stride ldx > C); the output has stride ldo.
-// Launch: grid (ceil(H/8)*ceil(W/TW), ceil(C/32), B), block 256 (fixed) = 32 channels x 8 rows; each
+// Launch: grid (ceil(H/TH)*ceil(W/TW), ceil(C/32), B), block 256 (fixed) = 32 channels x 8 rows
+//   (TH = 8 * CP rows); each
 //   thread produces TW outputs of one row from a (8+K-1) x (TW+K-1) x 32 halo tile in shared memory,
 //   kept in the activation dtype (lanes run over channels: coalesced loads, conflict-free smem
 //   reads). TW = 8, or 4 where the TW = 4 grid still has at most one CTA per SM (ops.dwconv_tw;
 //   most of batch 1 on the H100): a thread's chain of ~49 * TW FMAs is then half as long, at 1.4x
-//   the smem reads. Weights fp32 [K*K][C], staged in smem too (in registers they took 49 per
+//   the smem reads. CP = 2 (channel pairs; ops.dwconv_cp, where the grid is several waves deep):
+//   16 lanes x 2 channels x 16 rows per CTA, the halo tile converted to fp32 once as it is stored
+//   (CP = 1 converts each value once per tap row it is read in), each smem read a float2 of tile
+//   or weights: about half the instructions per output (the loop ~1.2 instead of ~1.6 per FFMA,
+//   the halo index arithmetic spread over twice the outputs), at 46 KB of smem per CTA (4 per SM).
+//   Weights fp32 [K*K][C], staged in smem too (in registers they took 49 per
 //   thread and capped occupancy at 2 CTAs per SM, which made the batch-16 launches ~8 waves of
 //   latency chains).
 // Loads: every thread issues all its loads (t_idx first, weights, VEC-wide halo vectors, bias)
@@ -26,21 +32,26 @@
     const float *tbias, int tb_stride, const int *t_idx, void *out_, int ldo, float4 *st_part
 #define DW_ARGS x_, H, W, C, ldx, w, bias, tbias, tb_stride, t_idx, out_, ldo, st_part
 
-template <class D, int K, int VEC, int TW>
+template <bool C, class A, class B> struct DwPick { typedef A T; };
+template <class A, class B> struct DwPick<false, A, B> { typedef B T; };
+
+template <class D, int K, int VEC, int TW, int CP>
 __device__ __forceinline__ void dwconv(DW_PARAMS) {
     typedef typename D::S S;
-    constexpr int TH = 8, CC = 32, HW = TW + K - 1, HH = TH + K - 1, P = K / 2, NT = 256;
+    typedef typename DwPick<CP == 1, S, float>::T T;   // the halo tile's element
+    static_assert(CP == 1 || (CP == 2 && VEC % 4 == 0), "channel pairs: 16-byte vectors, stored as float4");
+    constexpr int CC = 32, NT = 256, LR = CC / CP, TH = NT / LR, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
     constexpr int NTILE = HH * HW * CC, CV = CC / VEC, NVEC = NTILE / VEC, WN = K * K * CC;
     static_assert(CC % VEC == 0, "channel vectors");
-    __shared__ __align__(16) S tile[NTILE];
-    __shared__ float wsm[WN];
+    __shared__ __align__(16) T tile[NTILE];
+    __shared__ __align__(16) float wsm[WN];
     __shared__ float red[33];
     const S *x = (const S *)x_;
     S *out = (S *)out_;
     const int tiles_x = (W + TW - 1) / TW;
     const int y0 = (blockIdx.x / tiles_x) * TH, x0 = (blockIdx.x % tiles_x) * TW;
     const int c0 = blockIdx.y * CC, b = blockIdx.z;
-    const int cl = threadIdx.x % CC, row = threadIdx.x / CC, c = c0 + cl;
+    const int cl = (threadIdx.x % LR) * CP, row = threadIdx.x / LR, c = c0 + cl;
     const int tb_i = tbias ? t_idx[b] : 0;   // issued first; used after the halo's loads are issued
 
     // ---- every load first (chunks of LC vectors for the scalar path's 25 per thread) -----------
@@ -51,7 +62,9 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
         const int i = threadIdx.x + u * NT, t = i / CC, cc = i % CC;
         wv[u] = (i < WN && c0 + cc < C) ? w[t * C + c0 + cc] : 0.0f;
     }
-    const float bv = c < C ? bias[c] : 0.0f;
+    float bv[CP];
+#pragma unroll
+    for (int q = 0; q < CP; ++q) bv[q] = c < C ? bias[c + q] : 0.0f;   // CP = 2: C is even (VEC | C)
     constexpr int VPT = (NVEC + NT - 1) / NT, LC = VPT < 8 ? VPT : 8;
     for (int u0 = 0; u0 < VPT; u0 += LC) {
         Vec<S, VEC> v[LC];
@@ -66,10 +79,23 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 #pragma unroll
         for (int u = 0; u < LC; ++u) {
             const int i = threadIdx.x + (u0 + u) * NT;
-            if (i < NVEC) vstore<S, VEC>(&tile[i * VEC], v[u]);
+            if (i >= NVEC) continue;
+            if constexpr (CP == 1) {
+                vstore<S, VEC>(&tile[i * VEC], v[u]);
+            } else {   // converted once here, where CP = 1 converts each value once per tap row
+#pragma unroll
+                for (int h = 0; h < VEC; h += 4) {
+                    Vec<float, 4> f;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) f.v[e] = D::to_f(v[u].v[h + e]);
+                    vstore<float, 4>(&tile[i * VEC + h], f);
+                }
+            }
         }
     }
-    const float tv = (tbias && c < C) ? tbias[tb_i * tb_stride + c] : 0.0f;   // consumed in the epilogue
+    float tv[CP];   // consumed in the epilogue
+#pragma unroll
+    for (int q = 0; q < CP; ++q) tv[q] = (tbias && c < C) ? tbias[tb_i * tb_stride + c + q] : 0.0f;
 #pragma unroll
     for (int u = 0; u < WPT; ++u) {
         const int i = threadIdx.x + u * NT;
@@ -77,33 +103,61 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
     }
     __syncthreads();
 
-    float acc[TW];
+    // the CP channels of element i of the tile / of tap t's weights
+    auto tile_at = [&](int i, float (&r)[CP]) {
+        if constexpr (CP == 1) {
+            r[0] = D::to_f(tile[i]);
+        } else {
+            const float2 q = *reinterpret_cast<const float2 *>(&tile[i]);
+            r[0] = q.x;
+            r[1] = q.y;
+        }
+    };
+    float acc[TW][CP];
 #pragma unroll
-    for (int j = 0; j < TW; ++j) acc[j] = 0.0f;
+    for (int j = 0; j < TW; ++j)
+#pragma unroll
+        for (int q = 0; q < CP; ++q) acc[j][q] = 0.0f;
     if (c < C) {
 #pragma unroll
         for (int ky = 0; ky < K; ++ky) {
-            float r[HW];
+            float r[HW][CP];
 #pragma unroll
-            for (int j = 0; j < HW; ++j) r[j] = D::to_f(tile[((row + ky) * HW + j) * CC + cl]);
+            for (int j = 0; j < HW; ++j) tile_at(((row + ky) * HW + j) * CC + cl, r[j]);
 #pragma unroll
             for (int kx = 0; kx < K; ++kx) {
-                const float wk = wsm[(ky * K + kx) * CC + cl];
+                float wk[CP];
+                if constexpr (CP == 1) {
+                    wk[0] = wsm[(ky * K + kx) * CC + cl];
+                } else {
+                    const float2 q = *reinterpret_cast<const float2 *>(&wsm[(ky * K + kx) * CC + cl]);
+                    wk[0] = q.x;
+                    wk[1] = q.y;
+                }
 #pragma unroll
-                for (int j = 0; j < TW; ++j) acc[j] = fmaf(r[j + kx], wk, acc[j]);
+                for (int j = 0; j < TW; ++j)
+#pragma unroll
+                    for (int q = 0; q < CP; ++q) acc[j][q] = fmaf(r[j + kx][q], wk[q], acc[j][q]);
             }
         }
     }
     const int oy = y0 + row;
-    const float add = bv + tv;
+    float add[CP];
+#pragma unroll
+    for (int q = 0; q < CP; ++q) add[q] = bv[q] + tv[q];
     float lsum = 0.0f;
 #pragma unroll
     for (int j = 0; j < TW; ++j) {
-        const float v = acc[j] + add;
-        acc[j] = v;
+        Vec<S, CP> o;
+#pragma unroll
+        for (int q = 0; q < CP; ++q) {
+            acc[j][q] += add[q];
+            o.v[q] = D::from_f(acc[j][q]);
+        }
         if (c < C && oy < H && x0 + j < W) {
-            out[((size_t)(b * H + oy) * W + x0 + j) * ldo + c] = D::from_f(v);
-            lsum += v;
+            vstore<S, CP>(out + ((size_t)(b * H + oy) * W + x0 + j) * ldo + c, o);
+#pragma unroll
+            for (int q = 0; q < CP; ++q) lsum += acc[j][q];
         }
     }
     if (st_part) {
@@ -112,7 +166,9 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
         float lm2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < TW; ++j)
-            if (c < C && oy < H && x0 + j < W) lm2 += (acc[j] - tmean) * (acc[j] - tmean);
+            if (c < C && oy < H && x0 + j < W)
+#pragma unroll
+                for (int q = 0; q < CP; ++q) lm2 += (acc[j][q] - tmean) * (acc[j][q] - tmean);
         const float tm2 = block_sum(lm2, red);
         if (threadIdx.x == 0)
             st_part[(size_t)b * gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x] =
@@ -120,5 +176,11 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
     }
 }
 
-#define DW_INSTANCE(name, D, K, VEC, TW)                                                     \
-    extern "C" __global__ void __launch_bounds__(256) name(DW_PARAMS) { dwconv<D, K, VEC, TW>(DW_ARGS); }
+// CP = 1: no minimum CTAs per SM (0; ptxas takes 39-64 registers). CP = 2 with 16-bit 16-byte
+// vectors is held to 64 registers (4 CTAs per SM, as many as its smem allows on the H100; ptxas
+// alone takes 73-80); fp32 and 8-byte vectors to 85 (at 64 they spilled 16 bytes).
+#define DW_MIN_CTAS(D, VEC, CP) ((CP) == 1 ? 0 : sizeof(D::S) == 2 && (VEC) == 8 ? 4 : 3)
+#define DW_INSTANCE(name, D, K, VEC, TW, CP)                                                      \
+    extern "C" __global__ void __launch_bounds__(256, DW_MIN_CTAS(D, VEC, CP)) name(DW_PARAMS) { \
+        dwconv<D, K, VEC, TW, CP>(DW_ARGS);                                                       \
+    }

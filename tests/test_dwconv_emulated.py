@@ -3,8 +3,9 @@ tests/test_conv_pipe_emulated.py), against the NumPy reference's depthwise conv2
 in float64, and its GroupNorm partials against the same tiles summed in float64. Cases: 16-byte and
 scalar loads, fp16 / bf16 / fp32, views of a concat buffer on both sides (pixel stride > C, an
 offset channel window), a ragged last row and column tile, a ragged last channel tile, two
-samples with different timesteps; tiles 8 and 4 outputs wide (ops.dwconv_tw). Outputs are NaN-poisoned: every element the kernel owns must be
-written, and nothing outside its channel window may be."""
+samples with different timesteps; tiles 8 and 4 outputs wide (ops.dwconv_tw); one and two channels
+per thread (ops.dwconv_cp: 16-row tiles, an fp32 halo). Outputs are NaN-poisoned: every element the
+kernel owns must be written, and nothing outside its channel window may be."""
 from __future__ import annotations
 
 import ctypes
@@ -32,17 +33,24 @@ CASES = [
                                                      tbias=True)),
     ("fp32-v4-w4-two-channel-tiles", "fp32", 4, 4, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0,
                                                         tbias=True)),
+    ("fp16-v8-pairs-views-ragged", "fp16", 8, 8, dict(h=19, w=10, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8,
+                                                     tbias=True, cp=2)),
+    ("fp16-v4-pairs-partial-channel-tile", "fp16", 4, 8, dict(h=17, w=9, c=12, batch=1, ldx=12, x0=0, ldo=12, o0=0,
+                                                            tbias=True, cp=2)),
+    ("bf16-v8-pairs", "bf16", 8, 8, dict(h=16, w=16, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True, cp=2)),
+    ("fp32-v4-pairs-two-channel-tiles", "fp32", 4, 8, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0,
+                                                           tbias=False, cp=2)),
 ]
 K = 7
 
 
-def dw_key(dtype: str, vec: int, tw: int) -> SimpleKey:
-    return SimpleKey("dwconv", dtype, K, vec, tw)
+def dw_key(dtype: str, vec: int, tw: int, cp: int = 1) -> SimpleKey:
+    return SimpleKey("dwconv", dtype, K, vec, tw, cp)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    return kernel_lib("dwconv.cu", [dw_key(dt, v, tw) for _, dt, v, tw, _ in CASES], "DW_PARAMS", "DW_ARGS",
+    return kernel_lib("dwconv.cu", [dw_key(dt, v, tw, s.get("cp", 1)) for _, dt, v, tw, s in CASES], "DW_PARAMS", "DW_ARGS",
                       tmp_path_factory.mktemp("emu-dw"))
 
 
@@ -69,7 +77,9 @@ def test_dwconv_matches_reference(lib, case):
     tb = rng.standard_normal((5, c)).astype(np.float32)
     t_idx = np.array([3, 1][:b], dtype=np.int32)
     out = poison((b, h, w, s["ldo"]), dt)
-    tiles_x, tiles_y, ctiles = ops.cdiv(w, tw), ops.cdiv(h, ops.DW_TILE), ops.cdiv(c, ops.DW_CC)
+    cp = s.get("cp", 1)
+    th = ops.DW_TILE * cp   # rows per CTA
+    tiles_x, tiles_y, ctiles = ops.cdiv(w, tw), ops.cdiv(h, th), ops.cdiv(c, ops.DW_CC)
     st = np.full((b, ctiles * tiles_y * tiles_x, 4), np.nan, dtype=np.float32)
     wk = np.ascontiguousarray(wt.reshape(c, K * K).T)
     x0, o0 = s["x0"], s["o0"]
@@ -81,7 +91,7 @@ def test_dwconv_matches_reference(lib, case):
     args = [ptr(xbuf, x0), h, w, c, s["ldx"], ptr(wk), ptr(bias), ptr(tb) if s["tbias"] else ctypes.c_void_p(0),
             c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st)]
     cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(macro_params("dwconv.cu", "DW_PARAMS"), args)]
-    getattr(lib, "emu_" + dw_key(dt, vec, tw).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
+    getattr(lib, "emu_" + dw_key(dt, vec, tw, cp).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
 
     x = as_float(xbuf[..., x0:x0 + c], dt).transpose(0, 3, 1, 2)
     want = conv2d(x, wt.astype(np.float64), bias.astype(np.float64), groups=c)
@@ -103,8 +113,26 @@ def test_dwconv_matches_reference(lib, case):
         for ct in range(ctiles):
             for ty in range(tiles_y):
                 for tx in range(tiles_x):
-                    blk = want[bb, ty * 8:ty * 8 + 8, tx * tw:tx * tw + tw, ct * 32:ct * 32 + 32]
+                    blk = want[bb, ty * th:ty * th + th, tx * tw:tx * tw + tw, ct * 32:ct * 32 + 32]
                     n, sm, m2, _ = st[bb, (ct * tiles_y + ty) * tiles_x + tx]
                     assert n == blk.size
                     assert np.isclose(sm, blk.sum(), rtol=1e-4, atol=1e-3 * blk.size ** 0.5)
                     assert np.isclose(m2, ((blk - blk.mean()) ** 2).sum(), rtol=1e-3)
+
+
+def test_every_depthwise_instantiation_compiles_for_sm87_without_spills(tmp_path):
+    """Each (dtype, vector, width, channels per thread) the host can pick, through ptxas for the
+    Orin's sm_87: no spills, and channel pairs at 64 registers where they need 4 CTAs per SM."""
+    import shutil
+    from test_conv_pipelined_cpu import sm87_ptxas
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    keys = [SimpleKey("dwconv", dt, K, v, tw, cp) for dt, vecs in (("fp16", (8, 4, 1)), ("bf16", (8, 4, 1)), ("fp32", (4, 1)))
+            for v in vecs for tw, cp in ((8, 1), (4, 1), (8, 2)) if cp == 1 or v > 1]
+    rep = sm87_ptxas(nvcc, keys, tmp_path)
+    for k in keys:
+        f = rep[k.symbol]
+        assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
+        if k.cp == 2 and k.dtype != "fp32" and k.n == 8:
+            assert f["regs"] <= 64, (k.symbol, f)

@@ -68,6 +68,22 @@ def test_one_module_serves_every_batch():
     assert syms[0] == syms[1] == syms[2]
 
 
+def test_depthwise_channel_pairs_only_where_the_grid_is_deep():
+    """ops.dwconv_cp: two channels per thread where the one-channel grid has more CTAs than SMs and
+    the image has 16 rows; never with scalar loads."""
+    def pairs(cfg, batch, sms):
+        ex = GpuExecutor(W(cfg), "fp16", batch=batch, backend=FakeBackend(sms=sms))
+        return {L.name for L in ex.launches if L.name.endswith(".ds_conv") and L.fn.symbol.endswith("_p2")}
+
+    assert pairs(UNetConfig(), 1, 132) == set()
+    b16 = pairs(UNetConfig(), 16, 132)
+    assert {"downs.0.block1.ds_conv", "ups.3.block2.ds_conv", "final_block.ds_conv"} <= b16
+    assert not {n for n in b16 if n.startswith(("downs.3.", "mid.", "ups.0."))}   # 8x8 maps
+    assert "ups.3.block1.ds_conv" in pairs(UNetConfig(), 1, 8)                     # the Orin Nano's 8 SMs
+    assert pairs(ODD, 16, 8)                                                       # 12-36 channels: 8-byte vectors
+    assert ops.dwconv_cp(64, 64, 16, 8, vec=1) == 1                                # scalar loads: one channel
+
+
 def test_bf16_rounding_is_nearest_even():
     x = np.array([1.0, 1.00390625, 1.005859375, -2.5, 3.0e38, 1e-40], dtype=np.float32)
     b = ops.from_device(ops.to_device(x, "bf16"), "bf16")

@@ -82,17 +82,19 @@ class SimpleKey:
     k: int = 0
     n: int = 1      # dwconv / final: elements per vector load; init: input (image) channels
     tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw)
+    cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp)
 
     @property
     def symbol(self) -> str:
         dt, w = DTYPES[self.dtype][1], (f"_w{self.tw}" if self.tw != 8 else "")
-        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}", "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
+        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}" + (f"_p{self.cp}" if self.cp != 1 else ""),
+                "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
                 "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
 
     def instance(self) -> str:
         d = DTYPES[self.dtype][0]
         if self.kind == "dwconv":
-            return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
+            return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw}, {self.cp})"
         if self.kind == "init":
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n})"

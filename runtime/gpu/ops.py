@@ -507,10 +507,22 @@ def dwconv_tw(size: int, channels: int, batch: int, sms: int) -> int:
     return 4 if 2 * cdiv(size, DW_TILE) ** 2 * cdiv(channels, DW_CC) * batch <= sms else 8
 
 
+def dwconv_cp(size: int, channels: int, batch: int, sms: int, vec: int) -> int:
+    """Channels per thread of the depthwise conv: 2 (16 rows x 8 per CTA, an fp32 halo tile, half
+    the instructions per output, half the CTAs) where the 1-channel grid has more CTAs than the GPU
+    has SMs and the image has the 16 rows; else 1, whose shorter per-thread chain wins when each SM
+    runs one CTA. Measured per op on the H100 (docs/perf-notes.md, session 10): 2 wins from ~1.5
+    CTAs per SM up (batch 16, 64x64, 64 channels: 29.0 -> 21.2 us), loses 3.3 -> 4.5 us at one or
+    fewer, and on 8x8 images (half of each 16-row tile idle). Needs 16-byte vectors (vec > 1)."""
+    ctas = cdiv(size, DW_TILE) ** 2 * cdiv(channels, DW_CC) * batch
+    return 2 if vec > 1 and size >= 2 * DW_TILE and ctas > sms else 1
+
+
 def dwconv_key(op: Op, ctx: Ctx) -> SimpleKey:
     c, size = ctx.plan.tensors[op.x].channels, ctx.plan.tensors[op.x].size
-    return SimpleKey("dwconv", ctx.precision, op.k, vec_for(ctx.precision, ctx, (op.x, op.out), (c,)),
-                     dwconv_tw(size, c, ctx.tile_batch or ctx.batch, ctx.sms))
+    batch, vec = ctx.tile_batch or ctx.batch, vec_for(ctx.precision, ctx, (op.x, op.out), (c,))
+    cp = dwconv_cp(size, c, batch, ctx.sms, vec)
+    return SimpleKey("dwconv", ctx.precision, op.k, vec, dwconv_tw(size, c, batch, ctx.sms) if cp == 1 else 8, cp)
 
 
 def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -519,7 +531,7 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
     w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).reshape(c, k * k)
     blobs = {"w": np.ascontiguousarray(w.T), "bias": padded(ctx.params[op.prefix + ".bias"], c)}
     key = dwconv_key(op, ctx)
-    grid = (cdiv(size, DW_TILE) * cdiv(size, key.tw), cdiv(c, DW_CC), ctx.batch)
+    grid = (cdiv(size, DW_TILE * key.cp) * cdiv(size, key.tw), cdiv(c, DW_CC), ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(op.x)

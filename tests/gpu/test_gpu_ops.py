@@ -98,3 +98,23 @@ def test_every_op_matches_reference(backend, precision, case, conv_variant):
            f"worst l2 {worst[2]:.2e} at {worst[0]} ({worst[1]}); "
            f"{len(bad)} bad: " + "; ".join(f"{o} [{s}] l2={l:.1e} max={m:.1e}" for o, s, l, m in bad[:12]))
     assert not bad, f"{len(bad)} ops off (first: {bad[:5]})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_depthwise_channel_pairs_match_reference(backend, precision, monkeypatch):
+    """The two-channel depthwise conv (ops.dwconv_cp; picked by grid depth, so batch 16 on the H100)
+    forced onto every depthwise op of a batch-3 call, op by op as above."""
+    from runtime.gpu import ops
+    monkeypatch.setattr(ops, "dwconv_cp", lambda size, channels, batch, sms, vec: 2 if vec > 1 else 1)
+    weights = W(UNetConfig(), seed=5)
+    with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
+        n_dw = sum(op.out.endswith(".ds_conv") for op in ex.plan.ops)
+        pairs = {L.name for L in ex.launches if L.fn.symbol.endswith("_p2")}
+        errors = [e for e in check_all_ops(ex, weights, seed=17) if e[0] in pairs]
+    l2_tol, max_tol = OP_TOL[precision]
+    bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
+    worst = max(errors, key=lambda e: e[2])
+    report(f"depthwise pairs b3 {precision}: {len(errors)} ops, worst l2 {worst[2]:.2e} at {worst[0]}; "
+           f"{len(bad)} bad: " + "; ".join(f"{o} l2={l:.1e} max={m:.1e}" for o, _, l, m in bad[:8]))
+    assert len(pairs) == n_dw and not bad, (len(pairs), n_dw, bad[:5])
