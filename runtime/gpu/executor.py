@@ -14,7 +14,7 @@ producer and its normalized consumer, and the per-sample timestep indices `t_idx
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from .tuning import find_tiles
 PRECISIONS = ("fp32", "fp16", "bf16")
 ALIGN = memory.ALIGN
 _T_MARK = object()   # stands for the t_idx pointer in argument tuples until launch
+TWriter = Tuple[Any, Any, Any, Callable[[Any], None]]   # GpuExecutor.run: (side stream, fork, join, enqueue)
 
 
 def view_layout(plan: Plan) -> Dict[str, Tuple[int, int]]:
@@ -263,14 +264,26 @@ class GpuExecutor:
         return len(self.launches)
 
     # ---- running ------------------------------------------------------------------------------------
-    def run(self, stream: Any, t_idx_ptr: Optional[int] = None) -> None:
-        """Enqueue one U-Net call: reads the device image buffer (x_ptr), writes eps (eps_ptr)."""
+    def run(self, stream: Any, t_idx_ptr: Optional[int] = None, t_writer: Optional[TWriter] = None) -> None:
+        """Enqueue one U-Net call: reads the device image buffer (x_ptr), writes eps (eps_ptr).
+        t_writer = (side stream, fork event, join event, enqueue(side stream)): work that writes the
+        timesteps, forked onto the side stream at the start and joined just before the first kernel
+        that reads them (init_conv does not), so that it runs beside the first ops, not before them."""
         tp = self.t_idx_ptr if t_idx_ptr is None else int(t_idx_ptr)
         same = tp == self.t_idx_ptr
         pending, self._pending = self._pending, []
+        if t_writer is not None:
+            side, fork, join, enqueue = t_writer
+            fork.record(stream)
+            self.backend.wait(side, fork)
+            enqueue(side)
+            join.record(side)
         for i, L in enumerate(self.launches):
             if pending:                       # early start: wait for this op's weights only
                 self.backend.wait(stream, pending[i])
+            if t_writer is not None and (L.t_pos is not None or i + 1 == len(self.launches)):
+                self.backend.wait(stream, t_writer[2])
+                t_writer = None
             L.fn.launch(L.grid, L.block, L.args if same else L.args_for(tp), L.smem, stream)
 
     def launch_op(self, name: str, stream: Any = None) -> None:

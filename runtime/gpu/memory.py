@@ -142,11 +142,15 @@ def largest_batch(need: Callable[[int], int], budget: int, hi: Optional[int] = N
 
 
 # ---- the whole sampler -----------------------------------------------------------------------------------
+DEVICE_ONLY_TABLES = ("cur",)   # written by advance_step on the device, never staged from the host
+
+
 def sampler_tables(config: Any, batch: int) -> Dict[str, int]:
     """gpu mode's device tables (GpuSampler._prepare_gpu): step coefficients, noise row per step,
-    t per step, the step counter, and the noise of every step for the whole batch (fp32)."""
+    t per step, the step counter, the current step's coefficients (kernels/sample.cu), and the noise
+    of every step for the whole batch (fp32)."""
     T, n = config.timesteps, batch * config.channels * config.image_size ** 2
-    return {"coef": 12 * T, "noise_row": 4 * T, "t_of_step": 4 * T, "counter": 4, "noise": 4 * n * T}
+    return {"coef": 12 * T, "noise_row": 4 * T, "t_of_step": 4 * T, "counter": 4, "cur": 16, "noise": 4 * n * T}
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,7 @@ def estimate(weights: Any, precision: str, batch: int, sms: int = 8, mode: str =
     if mode == "gpu":
         tables = sampler_tables(c, batch)
         sampler = sum(aligned(v) for v in tables.values())
-        pinned += sum(tables.values())
+        pinned += sum(v for k, v in tables.items() if k not in DEVICE_ONLY_TABLES)   # the rest have pinned mirrors
     else:
         sampler = 0
         pinned += 2 * 4 * batch * c.channels * c.image_size ** 2

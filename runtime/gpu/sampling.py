@@ -83,6 +83,7 @@ class GpuSampler:
         self._host_noise: Optional[np.ndarray] = None
         self._graph: Any = None
         self._tables: Any = None
+        self._branch: Any = None
         self.last_stats: dict = {}
 
     # ---- shared ------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class GpuSampler:
 
     @property
     def streams(self) -> List[Any]:
-        return self.compute + [self.copy] + ([self.side] if self.side is not None else [])
+        return self.compute + [self.copy] + [s for s in (self.side, self._branch) if s is not None]
 
     def close(self) -> None:
         for s in self.streams:
@@ -212,6 +213,8 @@ class GpuSampler:
         self._off = {k: self._tables.ptr + o for k, o in offs.items()}
         mod = ex.kernels.module
         self._p_sample, self._advance = mod.get("p_sample_f32"), mod.get("advance_step")
+        self._branch = be.stream()   # advance_step's branch of each step (GpuExecutor.run t_writer)
+        self._fork, self._join = be.event(timing=False), be.event(timing=False)
         if self.noise == "device":
             try:
                 self._dnoise = DeviceNoise(be, n, mod)
@@ -236,17 +239,22 @@ class GpuSampler:
         self._graph = self.backend.capture_end(stream)
 
     def _enqueue_step(self, stream: Any) -> None:
+        """One step: advance_step (on the side branch GpuExecutor.run joins before the first op that
+        reads t_idx), the U-Net, p_sample."""
         ex, o = self.executors[0], self._off
         n = self.batch * self.image_elems
-        ex.run(stream, ex.t_idx_ptr)
+
+        def advance(side: Any) -> None:   # n_steps = T, not this run's step count: the graph serves every run
+            self._advance.launch((1, 1, 1), (32, 1, 1), (
+                np.uint64(o["counter"]), np.uint64(ex.t_idx_ptr), np.uint64(o["cur"]), np.uint64(o["t_of_step"]),
+                np.uint64(o["coef"]), np.uint64(o["noise_row"]), np.int32(self.batch),
+                np.int32(self.config.timesteps)), 0, side)
+
+        ex.run(stream, ex.t_idx_ptr, t_writer=(self._branch, self._fork, self._join, advance))
         grid = (min(-(-n // 256), 1024), 1, 1)
         self._p_sample.launch(grid, (256, 1, 1), (np.uint64(ex.x_ptr), np.uint64(ex.eps_ptr), np.uint64(o["noise"]),
-                              np.uint64(o["coef"]), np.uint64(o["noise_row"]), np.uint64(o["counter"]),
-                              np.int64(n), np.int32(self.config.channels),
+                              np.uint64(o["cur"]), np.int64(n), np.int32(self.config.channels),
                               np.int64(self.config.image_size ** 2)), 0, stream)
-        self._advance.launch((1, 1, 1), (32, 1, 1), (np.uint64(o["counter"]), np.uint64(ex.t_idx_ptr),
-                             np.uint64(o["t_of_step"]), np.int32(self.batch), np.int32(self.config.timesteps)),
-                             0, stream)   # T, not this run's step count: the graph serves every run
 
     def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline,
                  noise: Optional[str] = None) -> np.ndarray:
@@ -259,12 +267,9 @@ class GpuSampler:
         tab["coef"][:len(steps)] = [(st.c_x, st.c_eps, st.sigma) for st in steps]
         tab["noise_row"][:len(steps)] = [r if st.sigma > 0 else -1 for r, st in zip(rows, steps)]
         tab["t_of_step"][:len(steps)] = [st.t for st in steps]
-        tab["counter"][0] = 0
+        tab["counter"][0] = -1   # advance_step, first in each step, moves it to 0 and sets t_idx
         for k, host in tab.items():
             be.h2d(self._off[k], host, s0)
-        pin_t = ex._host_t
-        pin_t[...] = steps[0].t
-        be.h2d(ex.t_idx_ptr, pin_t, s0)
         done = [be.event(timing=False) for _ in steps]
         n_rows = int(rows[-1]) + 1 if len(rows) else 0
         feed = (_DeviceFeed if source == "device" else _HostFeed)(self, seed, n_rows, s0)   # x_T goes in first
