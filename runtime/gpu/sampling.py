@@ -287,6 +287,7 @@ class GpuSampler:
                 if e1 is not None:
                     e1.record(s0)
                 done[s].record(s0)
+                feed.after_step(int(rows[s]) + 1 if st.sigma > 0 else 0)
                 if s >= 1:    # keep at most two steps queued: progress and cancel within one step
                     self._sync(done[s - 1], s - 1)
                     if cb is not None:
@@ -339,6 +340,9 @@ class _HostFeed:
             self.sampler._upload_rows(self.uploaded, ready, s0)
             self.uploaded = ready
 
+    def after_step(self, need: int) -> None:
+        """Nothing to enqueue: the producer thread draws ahead on its own."""
+
     def halt(self) -> None:
         self.producer.halt()
 
@@ -359,15 +363,24 @@ class _DeviceFeed:
         self.events: List[Any] = []
 
     def before_step(self, need: int, s0: Any) -> None:
+        """Rows [0, need) drawn (only what is missing: the first step waits for x_T and row 0, not
+        for the rows drawn ahead) and waited for by the compute stream."""
+        self._draw(need)
+        if need > self.waited:
+            self.sampler.backend.wait(s0, self.events[need - 1])
+            self.waited = need
+
+    def after_step(self, need: int) -> None:
+        """With the step enqueued: rows up to NOISE_CHUNK past it, on the side stream."""
+        self._draw(need + NOISE_CHUNK)
+
+    def _draw(self, upto: int) -> None:
         s = self.sampler
         be, row_bytes = s.backend, 4 * s.batch * s.image_elems
-        while len(self.events) < min(self.n_rows, need + NOISE_CHUNK):
+        while len(self.events) < min(self.n_rows, upto):
             s._dnoise.draw(s._off["noise"] + row_bytes * len(self.events), s.side)
             self.events.append(be.event(timing=False))
             self.events[-1].record(s.side)
-        if need > self.waited:
-            be.wait(s0, self.events[need - 1])
-            self.waited = need
 
     def halt(self) -> None:
         """Nothing to stop: draws in flight are waited for by run() or close()."""
