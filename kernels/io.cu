@@ -16,6 +16,12 @@
 //   Each thread reads its pixel's channels as VEC-wide vectors (VEC 8 for 16-bit, 4 for fp32, 1
 //   for odd strides or view offsets; chosen on the host like the depthwise conv's): one scalar
 //   load per channel made a warp's loads 32 pixels apart each (8 us at batch 16 on the H100).
+//   With xs (the sampler's fp32 NHWC image; GpuExecutor.run(step=...)) it also takes the sampling
+//   step in place, xs = c_x * xs + c_eps * eps + sigma * z with (c_x, c_eps, sigma, row) = *step
+//   (sample.cu advance_step) and z the NCHW noise row `row` of npix * Cout values (none when row is
+//   -1; hw pixels per image), exactly as the host's generator fills it, so host noise is drawn
+//   straight into pinned memory with no transpose pass (at batch 16 the transpose made the noise
+//   thread, not the GPU, the bottleneck). One kernel fewer per step than a separate p_sample.
 // Reference: runtime.reference.conv2d.
 #include "common.cuh"
 
@@ -118,15 +124,17 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
     }
 }
 
-#define FINAL_PARAMS                                                                         \
-    const void *x_, int npix, int Cin, int ldx, const float *w, const float *bias, float *out, int Cout
-#define FINAL_ARGS x_, npix, Cin, ldx, w, bias, out, Cout
+#define FINAL_PARAMS                                                                            \
+    const void *x_, int npix, int Cin, int ldx, const float *w, const float *bias, float *out, int Cout, \
+    float *xs, const float *noise, const float4 *step, int hw
+#define FINAL_ARGS x_, npix, Cin, ldx, w, bias, out, Cout, xs, noise, step, hw
 
 template <class D, int VEC>
 __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
     typedef typename D::S S;
     const S *x = (const S *)x_;
     float *ws = dyn_smem;
+    const float4 k = xs ? *step : make_float4(0.0f, 0.0f, 0.0f, 0.0f);   // first: overlaps the staging
     for (int i = threadIdx.x; i < Cout * Cin; i += blockDim.x) ws[i] = w[i];
     __syncthreads();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -149,6 +157,18 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
         if (j < Cout) out[(size_t)p * Cout + j] = acc[j] + bias[j];
+    if (!xs) return;
+    // the sampler's step (schedule.p_sample's expression, on the eps values just stored)
+    const int row = __float_as_int(k.w), b = p / hw;
+    const float *z = row >= 0 ? noise + (size_t)row * npix * Cout + (size_t)b * Cout * hw + (p - b * hw) : nullptr;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if (j >= Cout) continue;
+        const size_t i = (size_t)p * Cout + j;
+        float v = fmaf(k.x, xs[i], k.y * (acc[j] + bias[j]));
+        if (z) v = fmaf(k.z, z[(size_t)j * hw], v);
+        xs[i] = v;
+    }
 }
 
 #define INIT_INSTANCE(name, D, K, CIN, TW)                                                   \

@@ -79,7 +79,7 @@ def test_cancel_within_one_step(mode, noise):
 
 def test_gpu_mode_uploads_noise_in_spec_order():
     """The noise rows the gpu mode stages are the spec's draws after x_T, in step order, NCHW (the
-    layout p_sample_f32 reads)."""
+    layout final_conv's sampling step reads)."""
     be = FakeBackend()
     s = GpuSampler(W(), "fp32", 2, mode="gpu", graphs=False, backend=be)
     steps = make_steps(CFG.schedule, "ddpm")
@@ -94,12 +94,13 @@ def test_gpu_mode_uploads_noise_in_spec_order():
 
 
 def noise_launches(be: FakeBackend) -> list:
-    """(kernel, output pointer, layout) of every noise draw and the index of each p_sample launch."""
+    """(kernel, output pointer, layout) of every noise draw and the index of each step's final_conv
+    (which takes the sampling step)."""
     out = []
     for i, (sym, grid, block, args, smem) in enumerate(be.launches):
         if sym == "noise_emit":
             out.append(("draw", int(args[6]), (int(args[7]), int(args[8])), i))
-        elif sym == "p_sample_f32":
+        elif sym.startswith("final_conv") and int(args[8]):   # the U-Net's last kernel, taking the step
             out.append(("step", None, None, i))
     return out
 

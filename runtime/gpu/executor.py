@@ -32,6 +32,7 @@ from .tuning import find_tiles
 PRECISIONS = ("fp32", "fp16", "bf16")
 ALIGN = memory.ALIGN
 _T_MARK = object()   # stands for the t_idx pointer in argument tuples until launch
+_STEP_MARK = object()   # final_conv's sampler-step pointers (3 arguments from here; null by default)
 TWriter = Tuple[Any, Any, Any, Callable[[Any], None]]   # GpuExecutor.run: (side stream, fork, join, enqueue)
 
 
@@ -68,18 +69,24 @@ class Launch:
     args: Tuple[Any, ...]
     smem: int
     t_pos: Optional[int]
+    step_pos: Optional[int] = None
 
-    def args_for(self, t_ptr: int) -> Tuple[Any, ...]:
-        if self.t_pos is None:
+    def args_for(self, t_ptr: int, step: Optional[Tuple[int, int, int]] = None) -> Tuple[Any, ...]:
+        """The arguments with the timesteps at t_ptr and, for final_conv, the sampler step's
+        (image, noise, step) pointers (null: eps only)."""
+        if self.t_pos is None and self.step_pos is None:
             return self.args
         a = list(self.args)
-        a[self.t_pos] = np.uint64(t_ptr)
+        if self.t_pos is not None:
+            a[self.t_pos] = np.uint64(t_ptr)
+        if self.step_pos is not None:
+            a[self.step_pos:self.step_pos + 3] = [np.uint64(v) for v in (step or (0, 0, 0))]
         return tuple(a)
 
 
 class _Addr(Resolver):
     def __init__(self, ex: "GpuExecutor") -> None:
-        self.ex, self.t_idx, self.norm_eps = ex, _T_MARK, ex.config.norm_eps
+        self.ex, self.t_idx, self.step, self.norm_eps = ex, _T_MARK, _STEP_MARK, ex.config.norm_eps
 
     def tensor(self, name: str) -> Tuple[int, int]:
         if name == self.ex.plan.input:   # the persistent image buffer (see memory.arena_extras)
@@ -236,7 +243,9 @@ class GpuExecutor:
     def _launch(self, spec: OpSpec, addr: _Addr) -> Launch:
         args = spec.make_args(addr)
         t_pos = next((i for i, a in enumerate(args) if a is _T_MARK), None)
-        launch = Launch(spec.op.out, self.kernels[spec.symbol], spec.grid, spec.block, args, spec.smem, t_pos)
+        step_pos = next((i for i, a in enumerate(args) if a is _STEP_MARK), None)
+        launch = Launch(spec.op.out, self.kernels[spec.symbol], spec.grid, spec.block, args, spec.smem, t_pos,
+                        step_pos)
         launch.args = launch.args_for(self.t_idx_ptr)
         return launch
 
@@ -264,8 +273,11 @@ class GpuExecutor:
         return len(self.launches)
 
     # ---- running ------------------------------------------------------------------------------------
-    def run(self, stream: Any, t_idx_ptr: Optional[int] = None, t_writer: Optional[TWriter] = None) -> None:
+    def run(self, stream: Any, t_idx_ptr: Optional[int] = None, t_writer: Optional[TWriter] = None,
+            step: Optional[Tuple[int, int, int]] = None) -> None:
         """Enqueue one U-Net call: reads the device image buffer (x_ptr), writes eps (eps_ptr).
+        step = (noise rows, step coefficients) device pointers: final_conv then also takes the
+        sampler's step on the image buffer in place (kernels/io.cu, kernels/sample.cu).
         t_writer = (side stream, fork event, join event, enqueue(side stream)): work that writes the
         timesteps, forked onto the side stream at the start and joined just before the first kernel
         that reads them (init_conv does not), so that it runs beside the first ops, not before them."""
@@ -284,7 +296,9 @@ class GpuExecutor:
             if t_writer is not None and (L.t_pos is not None or i + 1 == len(self.launches)):
                 self.backend.wait(stream, t_writer[2])
                 t_writer = None
-            L.fn.launch(L.grid, L.block, L.args if same else L.args_for(tp), L.smem, stream)
+            args = L.args if same and (step is None or L.step_pos is None) else L.args_for(
+                tp, None if step is None else (self.x_ptr, *step))
+            L.fn.launch(L.grid, L.block, args, L.smem, stream)
 
     def launch_op(self, name: str, stream: Any = None) -> None:
         """Run the one kernel that computes tensor `name` (per-op tests and debugging)."""

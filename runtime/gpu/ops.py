@@ -84,6 +84,7 @@ def storage_dtype(precision: str) -> Any:
 class Resolver:
     """Device addresses, supplied by the executor once memory is allocated (interface only)."""
     t_idx: Any = None      # a marker the executor swaps per call
+    step: Any = None       # a marker: final_conv's sampler-step pointers (xs, noise, step), null unless swapped
     norm_eps: float = 1e-5
 
     def tensor(self, name: str) -> Tuple[int, int]: ...          # (ptr, pixel stride ld)
@@ -598,7 +599,7 @@ def final_spec(op: Op, ctx: Ctx) -> OpSpec:
         x_ptr, ldx = r.tensor(op.x)
         out_ptr, _ = r.tensor(op.out)
         return (P(x_ptr), I(npix), I(cin), I(ldx), P(r.blob(op.out, "w")), P(r.blob(op.out, "bias")),
-                P(out_ptr), I(cout))
+                P(out_ptr), I(cout), r.step, P(0), P(0), I(size * size))
 
     return OpSpec(op, key, (cdiv(npix, FINAL_THREADS), 1, 1), (FINAL_THREADS, 1, 1), 4 * cout * cin,
                   blobs, make_args)

@@ -6,9 +6,9 @@ cpu (the seed design): each step runs the U-Net on a compute stream, copies eps 
     >= 2 the batch is split into two halves in ping-pong: the GPU runs one half's U-Net while the
     CPU samples the other. The next step's time-dependent work costs nothing per step: the time
     biases of all T timesteps are computed once per load (see executor.py).
-gpu (beyond the seeds): p_sample is a kernel; one CUDA graph holds a whole step (U-Net + p_sample
-    + advance) and is replayed for every step, because the kernels read the step number from device
-    memory. Images equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is
+gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (final_conv); one
+    CUDA graph holds a whole step (advance_step on a branch beside init_conv, then the U-Net) and is
+    replayed for every step, because the kernels read the step number from device memory. Images equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is
     either drawn on the CPU and uploaded in chunks on the copy stream while earlier steps run
     (noise="host"), or drawn on the GPU by runtime.gpu.noise on a side stream, x_T straight into
     the executor's input and each row ahead of the step that reads it (noise="device"; a run whose
@@ -212,7 +212,7 @@ class GpuSampler:
         self._tables = be.alloc(total)
         self._off = {k: self._tables.ptr + o for k, o in offs.items()}
         mod = ex.kernels.module
-        self._p_sample, self._advance = mod.get("p_sample_f32"), mod.get("advance_step")
+        self._advance = mod.get("advance_step")
         self._branch = be.stream()   # advance_step's branch of each step (GpuExecutor.run t_writer)
         self._fork, self._join = be.event(timing=False), be.event(timing=False)
         if self.noise == "device":
@@ -240,9 +240,8 @@ class GpuSampler:
 
     def _enqueue_step(self, stream: Any) -> None:
         """One step: advance_step (on the side branch GpuExecutor.run joins before the first op that
-        reads t_idx), the U-Net, p_sample."""
+        reads t_idx), then the U-Net, whose final_conv also takes the sampling step (kernels/io.cu)."""
         ex, o = self.executors[0], self._off
-        n = self.batch * self.image_elems
 
         def advance(side: Any) -> None:   # n_steps = T, not this run's step count: the graph serves every run
             self._advance.launch((1, 1, 1), (32, 1, 1), (
@@ -250,11 +249,8 @@ class GpuSampler:
                 np.uint64(o["coef"]), np.uint64(o["noise_row"]), np.int32(self.batch),
                 np.int32(self.config.timesteps)), 0, side)
 
-        ex.run(stream, ex.t_idx_ptr, t_writer=(self._branch, self._fork, self._join, advance))
-        grid = (min(-(-n // 256), 1024), 1, 1)
-        self._p_sample.launch(grid, (256, 1, 1), (np.uint64(ex.x_ptr), np.uint64(ex.eps_ptr), np.uint64(o["noise"]),
-                              np.uint64(o["cur"]), np.int64(n), np.int32(self.config.channels),
-                              np.int64(self.config.image_size ** 2)), 0, stream)
+        ex.run(stream, ex.t_idx_ptr, t_writer=(self._branch, self._fork, self._join, advance),
+               step=(o["noise"], o["cur"]))
 
     def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline,
                  noise: Optional[str] = None) -> np.ndarray:
@@ -402,7 +398,7 @@ class _NoiseProducer(threading.Thread):
             for r in range(self.n_rows):
                 if self._stop_flag:
                     return
-                self.noise.draw(out=self.host[r].reshape(self.noise.shape))   # NCHW, as p_sample_f32 reads it
+                self.noise.draw(out=self.host[r].reshape(self.noise.shape))   # NCHW, as final_conv's step reads it
                 if (r + 1) % NOISE_CHUNK == 0 or r + 1 == self.n_rows:
                     with self._cond:
                         self.ready = r + 1

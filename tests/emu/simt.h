@@ -47,6 +47,8 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }   // the device's M
 inline int __float2int_rz(float f) { return (int)f; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 template <class T> inline T __ldcg(const T *p) { return *p; }
 inline int emu_atomic_add_acq_rel(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 
