@@ -4,17 +4,17 @@
 //   + tbias[t_idx[b], c]  (zero padding), and GroupNorm(1) partials of `out` for the next conv's
 //   norm1 (one StatPartial per CTA: count, sum, M2 about the tile mean).
 // The input may be a view of a concat buffer (pixel stride ldx > C); the output has stride ldo.
-// Launch: grid (ceil(H/TH)*ceil(W/TW), ceil(C/32), B), block 256 (fixed) = 32 channels x 8 rows
-//   (TH = 8 * CP rows); each
-//   thread produces TW outputs of one row from a (8+K-1) x (TW+K-1) x 32 halo tile in shared memory,
-//   kept in the activation dtype (lanes run over channels: coalesced loads, conflict-free smem
-//   reads). TW = 8, or 4 where the TW = 4 grid still has at most one CTA per SM (ops.dwconv_tw;
-//   most of batch 1 on the H100): a thread's chain of ~49 * TW FMAs is then half as long, at 1.4x
-//   the smem reads. CP = 2 (channel pairs; ops.dwconv_cp, where the grid is several waves deep):
-//   16 lanes x 2 channels x 16 rows per CTA, the halo tile converted to fp32 once as it is stored
-//   (CP = 1 converts each value once per tap row it is read in), each smem read a float2 of tile
-//   or weights: about half the instructions per output (the loop ~1.2 instead of ~1.6 per FFMA,
-//   the halo index arithmetic spread over twice the outputs), at 46 KB of smem per CTA (4 per SM).
+// Launch: grid (ceil(H/TH)*ceil(W/TW), ceil(C/32), B), block 256 (fixed): 32/CP lanes x CP channels
+//   x TH = 8*CP rows. CP = 1: each thread produces TW outputs of one row and one channel from a
+//   (TH+K-1) x (TW+K-1) x 32 halo tile in shared memory, kept in the activation dtype (lanes run over
+//   channels: coalesced loads, conflict-free smem reads). TW = 8, or 4 where the TW = 4 grid still
+//   has at most one CTA per SM (ops.dwconv_tw; most of batch 1 on the H100): a thread's chain of
+//   ~49 * TW FMAs is then half as long, at 1.4x the smem reads. CP = 2 (channel pairs; ops.dwconv_cp,
+//   where the one-channel grid has more CTAs than the GPU has SMs): 16 lanes x 2 channels x 16 rows,
+//   the halo tile converted to fp32 once as it is stored (CP = 1 converts each value once per tap
+//   row it is read in), each smem read a float2 of tile or weights: about half the instructions per
+//   output (the loop ~1.2 instead of ~1.6 per FFMA, the halo index arithmetic spread over twice the
+//   outputs), at 46 KB of smem per CTA (4 per SM on the H100), with a chain twice as long per thread.
 //   Weights fp32 [K*K][C], staged in smem too (in registers they took 49 per
 //   thread and capped occupancy at 2 CTAs per SM, which made the batch-16 launches ~8 waves of
 //   latency chains).
@@ -22,7 +22,7 @@
 //   before its first smem store, so the whole prologue costs about one memory latency; the time
 //   bias (whose address waits for t_idx) is loaded after the halo's loads and used only in the
 //   epilogue, so t_idx -> time bias no longer puts a second latency in front of the halo's loads.
-//   VEC (8 for 16-bit, 4 for fp32, 1 for odd channel counts or views) is chosen on the host (C, the
+//   VEC (8 or 4 for 16-bit, 4 for fp32, 1 for odd channel counts or views) is chosen on the host (C, the
 //   pixel strides and the view offsets divisible by VEC).
 // Reference: runtime.reference.conv2d(groups=C) + the block's time bias.
 #include "common.cuh"

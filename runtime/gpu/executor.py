@@ -274,7 +274,7 @@ class GpuExecutor:
 
     # ---- running ------------------------------------------------------------------------------------
     def run(self, stream: Any, t_idx_ptr: Optional[int] = None, t_writer: Optional[TWriter] = None,
-            step: Optional[Tuple[int, int, int]] = None) -> None:
+            step: Optional[Tuple[int, int]] = None) -> None:
         """Enqueue one U-Net call: reads the device image buffer (x_ptr), writes eps (eps_ptr).
         step = (noise rows, step coefficients) device pointers: final_conv then also takes the
         sampler's step on the image buffer in place (kernels/io.cu, kernels/sample.cu).

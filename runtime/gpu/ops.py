@@ -514,7 +514,7 @@ def dwconv_cp(size: int, channels: int, batch: int, sms: int, vec: int) -> int:
     has SMs and the image has the 16 rows; else 1, whose shorter per-thread chain wins when each SM
     runs one CTA. Measured per op on the H100 (docs/perf-notes.md, session 10): 2 wins from ~1.5
     CTAs per SM up (batch 16, 64x64, 64 channels: 29.0 -> 21.2 us), loses 3.3 -> 4.5 us at one or
-    fewer, and on 8x8 images (half of each 16-row tile idle). Needs 16-byte vectors (vec > 1)."""
+    fewer, and on 8x8 images (half of each 16-row tile idle). Needs vector loads (vec > 1)."""
     ctas = cdiv(size, DW_TILE) ** 2 * cdiv(channels, DW_CC) * batch
     return 2 if vec > 1 and size >= 2 * DW_TILE and ctas > sms else 1
 

@@ -8,11 +8,12 @@ cpu (the seed design): each step runs the U-Net on a compute stream, copies eps 
     biases of all T timesteps are computed once per load (see executor.py).
 gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (final_conv); one
     CUDA graph holds a whole step (advance_step on a branch beside init_conv, then the U-Net) and is
-    replayed for every step, because the kernels read the step number from device memory. Images equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is
-    either drawn on the CPU and uploaded in chunks on the copy stream while earlier steps run
-    (noise="host"), or drawn on the GPU by runtime.gpu.noise on a side stream, x_T straight into
-    the executor's input and each row ahead of the step that reads it (noise="device"; a run whose
-    device draws raised a flag is redrawn on the host, so the images are always the spec's stream).
+    replayed for every step, because the kernels read the step number from device memory. Images
+    equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is either drawn
+    on the CPU and uploaded in chunks on the copy stream while earlier steps run (noise="host"), or
+    drawn on the GPU by runtime.gpu.noise on a side stream, x_T straight into the executor's input
+    and each row ahead of the step that reads it (noise="device"; a run whose device draws raised a
+    flag is redrawn on the host, so the images are always the spec's stream).
 """
 from __future__ import annotations
 
