@@ -103,12 +103,12 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
     }
     __syncthreads();
 
-    // the CP channels of element i of the tile / of tap t's weights
-    auto tile_at = [&](int i, float (&r)[CP]) {
+    // the CP consecutive floats at p (one float2 read for a pair)
+    auto floats_at = [](const float *p, float (&r)[CP]) {
         if constexpr (CP == 1) {
-            r[0] = D::to_f(tile[i]);
+            r[0] = *p;
         } else {
-            const float2 q = *reinterpret_cast<const float2 *>(&tile[i]);
+            const float2 q = *reinterpret_cast<const float2 *>(p);
             r[0] = q.x;
             r[1] = q.y;
         }
@@ -123,17 +123,15 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
         for (int ky = 0; ky < K; ++ky) {
             float r[HW][CP];
 #pragma unroll
-            for (int j = 0; j < HW; ++j) tile_at(((row + ky) * HW + j) * CC + cl, r[j]);
+            for (int j = 0; j < HW; ++j) {
+                const int i = ((row + ky) * HW + j) * CC + cl;
+                if constexpr (CP == 1) r[j][0] = D::to_f(tile[i]);   // the tile in the activation dtype
+                else floats_at(&tile[i], r[j]);
+            }
 #pragma unroll
             for (int kx = 0; kx < K; ++kx) {
                 float wk[CP];
-                if constexpr (CP == 1) {
-                    wk[0] = wsm[(ky * K + kx) * CC + cl];
-                } else {
-                    const float2 q = *reinterpret_cast<const float2 *>(&wsm[(ky * K + kx) * CC + cl]);
-                    wk[0] = q.x;
-                    wk[1] = q.y;
-                }
+                floats_at(&wsm[(ky * K + kx) * CC + cl], wk);
 #pragma unroll
                 for (int j = 0; j < TW; ++j)
 #pragma unroll

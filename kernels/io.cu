@@ -156,7 +156,7 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-        if (j < Cout) out[(size_t)p * Cout + j] = acc[j] + bias[j];
+        if (j < Cout) out[(size_t)p * Cout + j] = acc[j] += bias[j];
     if (!xs) return;
     // the sampler's step (schedule.p_sample's expression, on the eps values just stored)
     const int row = __float_as_int(k.w), b = p / hw;
@@ -165,7 +165,7 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
     for (int j = 0; j < 8; ++j) {
         if (j >= Cout) continue;
         const size_t i = (size_t)p * Cout + j;
-        float v = fmaf(k.x, xs[i], k.y * (acc[j] + bias[j]));
+        float v = fmaf(k.x, xs[i], k.y * acc[j]);   // acc: eps as stored
         if (z) v = fmaf(k.z, z[(size_t)j * hw], v);
         xs[i] = v;
     }

@@ -499,13 +499,18 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
 
 # ---- depthwise 7x7, init_conv, final_conv -------------------------------------------------------
 
+def dw_ctas(size: int, channels: int, batch: int) -> int:
+    """CTAs of the depthwise conv's grid with one channel per thread and 8-wide tiles."""
+    return cdiv(size, DW_TILE) ** 2 * cdiv(channels, DW_CC) * batch
+
+
 def dwconv_tw(size: int, channels: int, batch: int, sms: int) -> int:
     """The depthwise tile's width (outputs per thread along a row): 8, or 4 where even the 4-wide
     grid (twice the CTAs) fits in one wave with an SM each, so that each thread's serial chain of
     FMAs is half as long. Measured on the H100 (docs/perf-notes.md, session 7): 3.4 -> 2.8 us for
     4-64 CTAs of the 8-wide grid, but 3.6 -> 3.9 us for 128 (batch 1, 64x64, 64 channels); never 4
     on a GPU the 8-wide grid fills (the Orin's 8 SMs), where 4 costs 1.4x the smem reads per output."""
-    return 4 if 2 * cdiv(size, DW_TILE) ** 2 * cdiv(channels, DW_CC) * batch <= sms else 8
+    return 4 if 2 * dw_ctas(size, channels, batch) <= sms else 8
 
 
 def dwconv_cp(size: int, channels: int, batch: int, sms: int, vec: int) -> int:
@@ -515,8 +520,7 @@ def dwconv_cp(size: int, channels: int, batch: int, sms: int, vec: int) -> int:
     runs one CTA. Measured per op on the H100 (docs/perf-notes.md, session 10): 2 wins from ~1.5
     CTAs per SM up (batch 16, 64x64, 64 channels: 29.0 -> 21.2 us), loses 3.3 -> 4.5 us at one or
     fewer, and on 8x8 images (half of each 16-row tile idle). Needs vector loads (vec > 1)."""
-    ctas = cdiv(size, DW_TILE) ** 2 * cdiv(channels, DW_CC) * batch
-    return 2 if vec > 1 and size >= 2 * DW_TILE and ctas > sms else 1
+    return 2 if vec > 1 and size >= 2 * DW_TILE and dw_ctas(size, channels, batch) > sms else 1
 
 
 def dwconv_key(op: Op, ctx: Ctx) -> SimpleKey:
