@@ -1,9 +1,11 @@
-"""The image-input conv (kernels/io.cu init_conv) run on the CPU by tests/emu/simt.h (see
-tests/test_conv_pipe_emulated.py) against the NumPy reference's conv2d in float64: tiles 8 and 16
-pixels wide (ops.init_tw), ragged last row and column tiles, an output channel count that is not a
-multiple of 8 (a partial last group, scalar stores), the output a view of a wider buffer, two
-samples, fp16 / bf16 / fp32 outputs. Outputs are NaN-poisoned: every element the kernel owns must be
-written, and nothing outside its channel window may be."""
+"""The image-input conv (kernels/io.cu init_conv, and init_conv_tc on tensor cores) run on the CPU
+by tests/emu/simt.h (see tests/test_conv_pipe_emulated.py) against the NumPy reference's conv2d in
+float64: tiles 8 and 16 pixels wide (ops.init_tw) and 1, 2, 4 rows per warp (ops.init_mt), ragged
+last row and column tiles, output channel counts that are not a multiple of 8 or 32 (a partial last
+group or pass, scalar stores), the output a view of a wider buffer (at an odd channel offset too:
+no paired stores), images of 1, 3 and 4 channels, two samples, fp16 / bf16 / fp32 outputs. Outputs
+are NaN-poisoned: every element the kernel owns must be written, and nothing outside its channel
+window may be."""
 from __future__ import annotations
 
 import ctypes
@@ -18,40 +20,73 @@ from test_conv_pipe_emulated import kernel_lib, macro_params
 from test_dwconv_emulated import as_float, poison
 
 pytestmark = pytest.mark.slow
-K, CIN = 7, 3
-# (name, dtype, tile width, H, W, Cout, output pixel stride, output channel offset, batch)
+K = 7
+# (name, dtype, kernel, tile width (init) or rows per warp (init_tc), image channels, H, W, Cout,
+#  output pixel stride, output channel offset, batch)
 CASES = [
-    ("fp16-w8-ragged-view", "fp16", 8, 19, 21, 13, 24, 8, 2),
-    ("fp16-w16-ragged-view", "fp16", 16, 19, 21, 13, 24, 8, 2),
-    ("bf16-w16-whole-groups", "bf16", 16, 16, 16, 32, 64, 0, 1),
-    ("fp32-w16", "fp32", 16, 11, 9, 8, 8, 0, 2),
+    ("fp16-w8-ragged-view", "fp16", "init", 8, 3, 19, 21, 13, 24, 8, 2),
+    ("fp16-w16-ragged-view", "fp16", "init", 16, 3, 19, 21, 13, 24, 8, 2),
+    ("bf16-w16-whole-groups", "bf16", "init", 16, 3, 16, 16, 32, 64, 0, 1),
+    ("fp32-w16", "fp32", "init", 16, 3, 11, 9, 8, 8, 0, 2),
+    ("tc-fp16-m1-ragged-view", "fp16", "init_tc", 1, 3, 19, 21, 13, 24, 8, 2),
+    ("tc-fp16-m4-whole", "fp16", "init_tc", 4, 3, 16, 32, 32, 64, 32, 1),
+    ("tc-bf16-m2-two-passes", "bf16", "init_tc", 2, 4, 13, 17, 40, 48, 0, 2),
+    ("tc-fp16-m2-gray-odd-offset", "fp16", "init_tc", 2, 1, 9, 20, 16, 21, 3, 1),
 ]
+
+
+def case_key(dt, kind, var, cin):
+    return SimpleKey("init_tc", dt, K, cin, mt=var) if kind == "init_tc" else SimpleKey("init", dt, K, cin, var)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    return kernel_lib("io.cu", [SimpleKey("init", dt, K, CIN, tw) for _, dt, tw, *_ in CASES], "INIT_PARAMS",
+    return kernel_lib("io.cu", [case_key(dt, kind, v, cin) for _, dt, kind, v, cin, *_ in CASES], "INIT_PARAMS",
                       "INIT_ARGS", tmp_path_factory.mktemp("emu-init"))
+
+
+def test_pack_init_tc_is_the_b_fragment_layout():
+    """The packed weights, read back through the fragment map of mma.m16n8k16 (B: lane g = l // 4
+    holds column g, k pairs 2t, 2t + 1 and 2t + 8, + 9), are the weight at (tap, channel) = divmod(k, 4)."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((10, 3, 3, 3)).astype(np.float32)
+    f = ops.pack_init_tc(w, "fp16", 32).astype(np.float32)
+    steps = ops.init_tc_steps(3)
+    assert f.shape == (steps, 4, 32, 2, 2)
+    for s in range(steps):
+        for j in range(4):
+            for lane in range(32):
+                for r in range(2):
+                    for e in range(2):
+                        k, n = 16 * s + 2 * (lane % 4) + 8 * r + e, 8 * j + lane // 4
+                        tap, c = divmod(k, 4)
+                        want = w[n, c, tap // 3, tap % 3] if n < 10 and c < 3 and tap < 9 else 0.0
+                        assert f[s, j, lane, r, e] == np.float16(want)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_init_conv_matches_reference(lib, case):
-    name, dt, tw, h, w, cout, ldo, o0, b = case
+    name, dt, kind, var, cin, h, w, cout, ldo, o0, b = case
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((b, h, w, CIN)).astype(np.float32)   # the fp32 NHWC image
-    wt = (rng.standard_normal((cout, CIN, K, K)) / K).astype(np.float32)
+    x = rng.standard_normal((b, h, w, cin)).astype(np.float32)   # the fp32 NHWC image
+    wt = (rng.standard_normal((cout, cin, K, K)) / K).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
-    coutp = ops.round_up(cout, 8)
-    wp = np.zeros((K, K, CIN, coutp), dtype=np.float32)
-    wp[..., :cout] = wt.transpose(2, 3, 1, 0)
+    if kind == "init_tc":
+        coutp = ops.round_up(cout, 32)
+        wp = ops.pack_init_tc(wt, dt, coutp)
+        grid, nt = ops.cdiv(h, 4 * var) * ops.cdiv(w, ops.INIT_TC_TW), ops.INIT_TC_THREADS
+    else:
+        coutp = ops.round_up(cout, 8)
+        wp = np.zeros((K, K, cin, coutp), dtype=np.float32)
+        wp[..., :cout] = wt.transpose(2, 3, 1, 0)
+        grid, nt = ops.cdiv(h, ops.INIT_TILE) * ops.cdiv(w, var), 256
     bp = ops.padded(bias, coutp)
     out = poison((b, h, w, ldo), dt)
     esize = 4 if dt == "fp32" else 2
-    args = [ctypes.c_void_p(x.ctypes.data), h, w, CIN, ctypes.c_void_p(wp.ctypes.data),
+    args = [ctypes.c_void_p(x.ctypes.data), h, w, cin, ctypes.c_void_p(wp.ctypes.data),
             ctypes.c_void_p(bp.ctypes.data), ctypes.c_void_p(out.ctypes.data + o0 * esize), cout, coutp, ldo]
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(macro_params("io.cu", "INIT_PARAMS"), args)]
-    sym = SimpleKey("init", dt, K, CIN, tw).symbol
-    getattr(lib, "emu_" + sym)(ops.cdiv(h, ops.INIT_TILE) * ops.cdiv(w, tw), 1, b, 256, *cargs)
+    getattr(lib, "emu_" + case_key(dt, kind, var, cin).symbol)(grid, 1, b, nt, *cargs)
 
     want = conv2d(x.transpose(0, 3, 1, 2).astype(np.float64), wt.astype(np.float64),
                   bias.astype(np.float64)).transpose(0, 2, 3, 1)
@@ -59,7 +94,24 @@ def test_init_conv_matches_reference(lib, case):
     got = got_all[..., o0:o0 + cout]
     assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} outputs unwritten"
     assert np.isnan(np.delete(got_all, np.s_[o0:o0 + cout], axis=3)).all(), f"{name}: wrote outside its window"
-    # fp32 sums of 147 products, then one rounding to the output dtype
-    tol = {"fp32": 1e-5, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}[dt] * 2 * np.abs(want).max()
+    # fp32 sums of 147 products, then one rounding to the output dtype; on tensor cores the image
+    # and the weights are rounded to the 16-bit type first as well (each product off by <= 2 units)
+    tol = {"fp32": 1e-5, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}[dt] * (4 if kind == "init_tc" else 2) * np.abs(want).max()
     err = np.abs(got - want).max()
     assert err <= tol, f"{name}: max error {err:.3g} > {tol:.3g}"
+
+
+def test_every_init_instantiation_compiles_for_sm87_without_spills(tmp_path):
+    """Each (dtype, width or rows per warp) the host can pick for a 3-channel image, through ptxas
+    for the Orin's sm_87: no spills, no stack."""
+    import shutil
+    from test_conv_pipelined_cpu import sm87_ptxas
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    keys = ([SimpleKey("init", dt, K, 3, tw) for dt in ("fp32", "fp16", "bf16") for tw in (8, 16)]
+            + [SimpleKey("init_tc", dt, K, 3, mt=mt) for dt in ("fp16", "bf16") for mt in (1, 2, 4)])
+    rep = sm87_ptxas(nvcc, keys, tmp_path)
+    for k in keys:
+        f = rep[k.symbol]
+        assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)

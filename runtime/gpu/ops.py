@@ -561,24 +561,73 @@ def init_tw(size: int, batch: int, sms: int) -> int:
     return 16 if cdiv(size, INIT_TILE) ** 2 * batch >= 4 * sms else 8
 
 
+INIT_TC_THREADS, INIT_TC_TW = 128, 16   # io.cu init_conv_tc: 4 warps, 16-pixel row segments
+
+
+def init_tc(precision: str, cin: int) -> bool:
+    """Whether init_conv runs on tensor cores: 16-bit activations and an image of <= 4 channels
+    (kernels/io.cu init_conv_tc; fp32 keeps the FFMA kernel, as every fp32 conv does)."""
+    return precision != "fp32" and cin <= 4
+
+
+def init_mt(size: int, batch: int, sms: int) -> int:
+    """init_conv_tc's rows per warp (a CTA covers 4 * mt rows x 16 columns): the largest of 4, 2, 1
+    whose grid still gives every SM a CTA, so that a large batch stages each CTA's 13 KB of weight
+    fragments for 4x the pixels and a small one spreads over the SMs (batch 1 on the H100: 64 CTAs)."""
+    for mt in (4, 2):
+        if cdiv(size, 4 * mt) * cdiv(size, INIT_TC_TW) * batch >= sms:
+            return mt
+    return 1
+
+
 def init_key(op: Op, ctx: Ctx) -> SimpleKey:
     xt = ctx.plan.tensors[op.x]
-    return SimpleKey("init", ctx.precision, op.k, xt.channels, init_tw(xt.size, ctx.tile_batch or ctx.batch, ctx.sms))
+    batch = ctx.tile_batch or ctx.batch
+    if init_tc(ctx.precision, xt.channels):
+        return SimpleKey("init_tc", ctx.precision, op.k, xt.channels, mt=init_mt(xt.size, batch, ctx.sms))
+    return SimpleKey("init", ctx.precision, op.k, xt.channels, init_tw(xt.size, batch, ctx.sms))
+
+
+def init_tc_steps(k: int) -> int:
+    """16-deep mma steps of init_conv_tc: k * k taps of 4 channels each."""
+    return cdiv(4 * k * k, 16)
+
+
+def pack_init_tc(w: np.ndarray, precision: str, coutp: int) -> np.ndarray:
+    """init_conv_tc's weights: w [Cout, Cin <= 4, k, k] as the GEMM matrix B[k = tap * 4 + c][n]
+    (zero for c >= Cin, padded taps and n >= Cout), in mma.m16n8k16 B-fragment order: for step s,
+    n8 tile j and lane l (g = l // 4, t = l % 4), two u32 of (k, k + 1) = 16 s + 2 t (+ 8) at column
+    8 j + g. Returned as the 16-bit storage type, [steps, coutp / 8, 32, 2 registers, 2 halves]."""
+    cout, cin, k, _ = w.shape
+    steps = init_tc_steps(k)
+    b = np.zeros((coutp, 16 * steps), dtype=np.float32)
+    w4 = np.zeros((cout, k, k, 4), dtype=np.float32)
+    w4[..., :cin] = np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1)
+    b[:cout, :4 * k * k] = w4.reshape(cout, -1)
+    s, j, lane, r, e = np.ix_(np.arange(steps), np.arange(coutp // 8), np.arange(32), np.arange(2), np.arange(2))
+    return to_device(b[8 * j + lane // 4, 16 * s + 2 * (lane % 4) + 8 * r + e], precision)
 
 
 def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     xt, ot = ctx.plan.tensors[op.x], ctx.plan.tensors[op.out]
     cin, cout, k, size = xt.channels, ot.channels, op.k, xt.size
-    coutp = round_up(cout, 8)
-    w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).transpose(2, 3, 1, 0)
-    wp = np.zeros((k, k, cin, coutp), dtype=np.float32)
-    wp[..., :cout] = w
     key = init_key(op, ctx)
-    smem = 4 * (cin * (INIT_TILE + k - 1) * init_row(key.tw + k - 1) + k * k * cin * coutp)
+    w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32)
+    if key.kind == "init_tc":
+        coutp = round_up(cout, 32)   # whole 32-channel passes
+        wb = pack_init_tc(w, ctx.precision, coutp)
+        rows = 4 * key.mt
+        smem = 8 * (rows + k - 1) * (INIT_TC_TW + k - 1) + wb.nbytes
+        grid, threads = (cdiv(size, rows) * cdiv(size, INIT_TC_TW), 1, ctx.batch), INIT_TC_THREADS
+    else:
+        coutp = round_up(cout, 8)
+        wb = np.zeros((k, k, cin, coutp), dtype=np.float32)
+        wb[..., :cout] = w.transpose(2, 3, 1, 0)
+        smem = 4 * (cin * (INIT_TILE + k - 1) * init_row(key.tw + k - 1) + wb.size)
+        grid, threads = (cdiv(size, INIT_TILE) * cdiv(size, key.tw), 1, ctx.batch), 256
     if smem > SMEM_LIMIT:
         raise ConfigError(f"{op.out}: init_conv needs {smem} B of shared memory (> {SMEM_LIMIT})")
-    blobs = {"w": wp.reshape(-1), "bias": padded(ctx.params[op.prefix + ".bias"], coutp)}
-    grid = (cdiv(size, INIT_TILE) * cdiv(size, key.tw), 1, ctx.batch)
+    blobs = {"w": wb.reshape(-1), "bias": padded(ctx.params[op.prefix + ".bias"], coutp)}
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, _ = r.tensor(op.x)
@@ -586,7 +635,7 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
         return (P(x_ptr), I(size), I(size), I(cin), P(r.blob(op.out, "w")), P(r.blob(op.out, "bias")),
                 P(out_ptr), I(cout), I(coutp), I(ldo))
 
-    return OpSpec(op, key, grid, (256, 1, 1), smem, blobs, make_args)
+    return OpSpec(op, key, grid, (threads, 1, 1), smem, blobs, make_args)
 
 
 def final_spec(op: Op, ctx: Ctx) -> OpSpec:
