@@ -17,12 +17,13 @@
 //   load, the taps padded with zero weights to whole 16-deep mma steps (7x7: 13 steps, 52 taps). The
 //   halo tile is converted to the 16-bit type once, when staged ([row][col][4 channels]). Weights
 //   come from the host in mma B-fragment order (ops.pack_init_tc: [step][n8 tile][lane] u32 pairs),
-//   so each fragment is one 8-byte smem load per lane. CTA: 4 warps over 4 * MT rows x 16 columns;
-//   warp w owns MT rows (one m16 tile each: 16 pixels of a row), 32 output channels per pass over
-//   CoutP (a multiple of 32, zero-padded by the host). Launch: grid (ceil(H / (4 MT)) * ceil(W / 16),
-//   1, B), block 128, dynamic smem 8 * (4 MT + K - 1) * (16 + K - 1) + 8 * steps * CoutP / 8 * 32
-//   bytes. The FFMA kernel above stays the fp32 path (and the path for wider images): it issues
-//   ~13x the instructions per output (147 FFMA per pixel and channel, plus smem reads).
+//   so each fragment is one 8-byte smem load per lane. CTA: 4 warps over 4 rows x 16 columns, warp w
+//   row w (one m16 tile), 32 output channels per pass over CoutP (a multiple of 32, zero-padded by
+//   the host). Launch: grid (ceil(H / 4) * ceil(W / 16), 1, B), block 128, dynamic smem
+//   8 * (4 + K - 1) * (16 + K - 1) + 8 * steps * CoutP / 8 * 32 bytes. Taller tiles (2 or 4 rows per
+//   warp: a CTA's weight staging serving 2-4x the pixels) were slower on the H100 at batch 1 and 16
+//   alike (docs/perf-notes.md, session 11). The FFMA kernel above stays the fp32 path (and the path
+//   for wider images): it issues ~13x the instructions per output (147 FFMA per pixel and channel).
 // final_conv: eps = conv_1x1(x) + bias, x in the activation dtype (pixel stride ldx), eps fp32 with
 //   pixel stride Cout (<= 8). Launch: grid ceil(B*H*W/128), block 128, dynamic smem Cout*Cin floats.
 //   Each thread reads its pixel's channels as VEC-wide vectors (VEC 8 for 16-bit, 4 for fp32, 1
@@ -142,10 +143,10 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {   // two values -> on
     return (u32)D::from_f(lo) | ((u32)D::from_f(hi) << 16);
 }
 
-template <class D, int K, int CIN, int MT>
+template <class D, int K, int CIN>
 __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
     typedef typename D::S S;
-    constexpr int NT = 128, TW = 16, TH = 4 * MT, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
+    constexpr int NT = 128, TW = 16, TH = 4, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
     constexpr int TAPS = K * K, STEPS = (4 * TAPS + 15) / 16, NPIX = HH * HW, PPT = (NPIX + NT - 1) / NT;
     constexpr int WCH = 8;   // 16-byte weight vectors per thread per staging chunk
     static_assert(CIN >= 1 && CIN <= 4, "tensor-core init_conv: images of 1-4 channels");
@@ -188,12 +189,12 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
     }
     __syncthreads();
 
-    // Fragments (g = lane / 4, t = lane % 4): A register a0 holds row g's k pair 2t, 2t + 1 of a step,
+    // Fragments (g = lane / 4, t = lane % 4): A register a0 holds pixel g's k pair 2t, 2t + 1 of a step,
     // i.e. tap 4 s + t / 2, channels 2 (t % 2) and + 1: one word of the tile; a1 is 8 pixels on (16
     // words), a2 / a3 two taps on. A tap's word offset is a constant of the unrolled step, so only
     // the choice between two of them (t / 2) is left to run time.
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, h = t >> 1;
-    const int base = (warp * MT * HW + g) * 2 + (t & 1);
+    const int base = (warp * HW + g) * 2 + (t & 1);
     auto tap_words = [](int tap) { return tap < TAPS ? ((tap / K) * HW + tap % K) * 2 : 0; };   // padded taps: any finite value
     for (int j0 = 0; j0 < NJ; j0 += 4) {
         float bv[4][2];
@@ -202,51 +203,39 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
             bv[j][0] = bias[(j0 + j) * 8 + 2 * t];
             bv[j][1] = bias[(j0 + j) * 8 + 2 * t + 1];
         }
-        float acc[MT][4][4];
+        float acc[4][4];
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+            for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
 #pragma unroll
         for (int s = 0; s < STEPS; ++s) {
             const int oa = base + (h ? tap_words(4 * s + 1) : tap_words(4 * s));
             const int ob = base + (h ? tap_words(4 * s + 3) : tap_words(4 * s + 2));
-            u32 bf[4][2];
+            const u32 a[4] = {tile[oa], tile[oa + 16], tile[ob], tile[ob + 16]};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const uint2 v = wsm[(s * NJ + j0 + j) * 32 + lane];
-                bf[j][0] = v.x;
-                bf[j][1] = v.y;
-            }
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                const u32 a[4] = {tile[oa + 2 * HW * i], tile[oa + 2 * HW * i + 16],
-                                  tile[ob + 2 * HW * i], tile[ob + 2 * HW * i + 16]};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) D::mma(acc[i][j], a, bf[j]);
+                const u32 bf[2] = {v.x, v.y};
+                D::mma(acc[j], a, bf);
             }
         }
-        // C fragments: c0, c1 = row g, columns 2t, 2t + 1 of the n8 tile; c2, c3 = row g + 8
+        // C fragments: c0, c1 = pixel g, columns 2t, 2t + 1 of the n8 tile; c2, c3 = pixel g + 8
+        const int oy = y0 + warp;
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-            const int oy = y0 + warp * MT + i;
+        for (int r = 0; r < 2; ++r) {
+            const int ox = x0 + g + 8 * r;
+            if (oy >= H || ox >= W) continue;
+            S *o = out + ((size_t)(b * H + oy) * W + ox) * ldo;
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int ox = x0 + g + 8 * r;
-                if (oy >= H || ox >= W) continue;
-                S *o = out + ((size_t)(b * H + oy) * W + ox) * ldo;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int n = (j0 + j) * 8 + 2 * t;
-                    const float v0 = acc[i][j][2 * r] + bv[j][0], v1 = acc[i][j][2 * r + 1] + bv[j][1];
-                    if (n + 1 < Cout && ((size_t)(o + n) & 3) == 0) {
-                        *reinterpret_cast<u32 *>(o + n) = pack2<D>(v0, v1);
-                    } else {
-                        if (n < Cout) o[n] = D::from_f(v0);
-                        if (n + 1 < Cout) o[n + 1] = D::from_f(v1);
-                    }
+            for (int j = 0; j < 4; ++j) {
+                const int n = (j0 + j) * 8 + 2 * t;
+                const float v0 = acc[j][2 * r] + bv[j][0], v1 = acc[j][2 * r + 1] + bv[j][1];
+                if (n + 1 < Cout && ((size_t)(o + n) & 3) == 0) {
+                    *reinterpret_cast<u32 *>(o + n) = pack2<D>(v0, v1);
+                } else {
+                    if (n < Cout) o[n] = D::from_f(v0);
+                    if (n + 1 < Cout) o[n + 1] = D::from_f(v1);
                 }
             }
         }
@@ -302,7 +291,7 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
 
 #define INIT_INSTANCE(name, D, K, CIN, TW)                                                   \
     extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K, CIN, TW>(INIT_ARGS); }
-#define INIT_TC_INSTANCE(name, D, K, CIN, MT)                                                \
-    extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { init_conv_tc<D, K, CIN, MT>(INIT_ARGS); }
+#define INIT_TC_INSTANCE(name, D, K, CIN)                                                    \
+    extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { init_conv_tc<D, K, CIN>(INIT_ARGS); }
 #define FINAL_INSTANCE(name, D, VEC)                                                         \
     extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { final_conv<D, VEC>(FINAL_ARGS); }

@@ -84,6 +84,19 @@ def test_depthwise_channel_pairs_only_where_the_grid_is_deep():
     assert ops.dwconv_cp(64, 64, 16, 8, vec=1) == 1                                # scalar loads: one channel
 
 
+def test_init_conv_on_tensor_cores_for_16_bit_and_small_images():
+    """ops.init_tc: the image-input conv runs init_conv_tc for fp16 / bf16 and images of <= 4
+    channels at every batch; fp32 and wider images keep the FFMA kernel."""
+    def init_symbol(cfg, precision, batch):
+        ex = GpuExecutor(W(cfg), precision, batch=batch, backend=FakeBackend(sms=132))
+        return [L.fn.symbol for L in ex.launches if L.name == "init_conv"][0]
+
+    assert init_symbol(UNetConfig(), "fp16", 1) == init_symbol(UNetConfig(), "fp16", 16) == "init_conv7_c3_f16_tc"
+    assert init_symbol(UNetConfig(channels=1), "bf16", 3) == "init_conv7_c1_bf16_tc"
+    assert init_symbol(UNetConfig(), "fp32", 3).startswith("init_conv7_c3_f32")
+    assert not init_symbol(UNetConfig(channels=5), "fp16", 3).endswith("_tc")
+
+
 def test_bf16_rounding_is_nearest_even():
     x = np.array([1.0, 1.00390625, 1.005859375, -2.5, 3.0e38, 1e-40], dtype=np.float32)
     b = ops.from_device(ops.to_device(x, "bf16"), "bf16")

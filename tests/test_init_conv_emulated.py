@@ -1,6 +1,6 @@
 """The image-input conv (kernels/io.cu init_conv, and init_conv_tc on tensor cores) run on the CPU
 by tests/emu/simt.h (see tests/test_conv_pipe_emulated.py) against the NumPy reference's conv2d in
-float64: tiles 8 and 16 pixels wide (ops.init_tw) and 1, 2, 4 rows per warp (ops.init_mt), ragged
+float64: tiles 8 and 16 pixels wide (ops.init_tw, the FFMA kernel), ragged
 last row and column tiles, output channel counts that are not a multiple of 8 or 32 (a partial last
 group or pass, scalar stores), the output a view of a wider buffer (at an odd channel offset too:
 no paired stores), images of 1, 3 and 4 channels, two samples, fp16 / bf16 / fp32 outputs. Outputs
@@ -21,22 +21,22 @@ from test_dwconv_emulated import as_float, poison
 
 pytestmark = pytest.mark.slow
 K = 7
-# (name, dtype, kernel, tile width (init) or rows per warp (init_tc), image channels, H, W, Cout,
+# (name, dtype, kernel, tile width (init; none for init_tc), image channels, H, W, Cout,
 #  output pixel stride, output channel offset, batch)
 CASES = [
     ("fp16-w8-ragged-view", "fp16", "init", 8, 3, 19, 21, 13, 24, 8, 2),
     ("fp16-w16-ragged-view", "fp16", "init", 16, 3, 19, 21, 13, 24, 8, 2),
     ("bf16-w16-whole-groups", "bf16", "init", 16, 3, 16, 16, 32, 64, 0, 1),
     ("fp32-w16", "fp32", "init", 16, 3, 11, 9, 8, 8, 0, 2),
-    ("tc-fp16-m1-ragged-view", "fp16", "init_tc", 1, 3, 19, 21, 13, 24, 8, 2),
-    ("tc-fp16-m4-whole", "fp16", "init_tc", 4, 3, 16, 32, 32, 64, 32, 1),
-    ("tc-bf16-m2-two-passes", "bf16", "init_tc", 2, 4, 13, 17, 40, 48, 0, 2),
-    ("tc-fp16-m2-gray-odd-offset", "fp16", "init_tc", 2, 1, 9, 20, 16, 21, 3, 1),
+    ("tc-fp16-ragged-view", "fp16", "init_tc", 0, 3, 19, 21, 13, 24, 8, 2),
+    ("tc-fp16-whole", "fp16", "init_tc", 0, 3, 16, 32, 32, 64, 32, 1),
+    ("tc-bf16-two-passes", "bf16", "init_tc", 0, 4, 13, 17, 40, 48, 0, 2),
+    ("tc-fp16-gray-odd-offset", "fp16", "init_tc", 0, 1, 9, 20, 16, 21, 3, 1),
 ]
 
 
 def case_key(dt, kind, var, cin):
-    return SimpleKey("init_tc", dt, K, cin, mt=var) if kind == "init_tc" else SimpleKey("init", dt, K, cin, var)
+    return SimpleKey("init_tc", dt, K, cin) if kind == "init_tc" else SimpleKey("init", dt, K, cin, var)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,8 @@ def test_init_conv_matches_reference(lib, case):
     if kind == "init_tc":
         coutp = ops.round_up(cout, 32)
         wp = ops.pack_init_tc(wt, dt, coutp)
-        grid, nt = ops.cdiv(h, 4 * var) * ops.cdiv(w, ops.INIT_TC_TW), ops.INIT_TC_THREADS
+        th, tw = ops.INIT_TC_TILE
+        grid, nt = ops.cdiv(h, th) * ops.cdiv(w, tw), ops.INIT_TC_THREADS
     else:
         coutp = ops.round_up(cout, 8)
         wp = np.zeros((K, K, cin, coutp), dtype=np.float32)
@@ -102,7 +103,7 @@ def test_init_conv_matches_reference(lib, case):
 
 
 def test_every_init_instantiation_compiles_for_sm87_without_spills(tmp_path):
-    """Each (dtype, width or rows per warp) the host can pick for a 3-channel image, through ptxas
+    """Each (dtype, kernel, width) the host can pick for a 3-channel image, through ptxas
     for the Orin's sm_87: no spills, no stack."""
     import shutil
     from test_conv_pipelined_cpu import sm87_ptxas
@@ -110,7 +111,7 @@ def test_every_init_instantiation_compiles_for_sm87_without_spills(tmp_path):
     if nvcc is None:
         pytest.skip("no nvcc")
     keys = ([SimpleKey("init", dt, K, 3, tw) for dt in ("fp32", "fp16", "bf16") for tw in (8, 16)]
-            + [SimpleKey("init_tc", dt, K, 3, mt=mt) for dt in ("fp16", "bf16") for mt in (1, 2, 4)])
+            + [SimpleKey("init_tc", dt, K, 3) for dt in ("fp16", "bf16")])
     rep = sm87_ptxas(nvcc, keys, tmp_path)
     for k in keys:
         f = rep[k.symbol]

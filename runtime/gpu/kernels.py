@@ -76,21 +76,20 @@ class ConvKey:
 
 @dataclass(frozen=True)
 class SimpleKey:
-    """dwconv / init_conv / init_conv_tc / final_conv instantiations: (kind, dtype, k, n, tw, cp, mt)."""
+    """dwconv / init_conv / init_conv_tc / final_conv instantiations: (kind, dtype, k, n, tw, cp)."""
     kind: str       # "dwconv" | "init" | "init_tc" | "final"
     dtype: str
     k: int = 0
     n: int = 1      # dwconv / final: elements per vector load; init, init_tc: input (image) channels
     tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw)
     cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp)
-    mt: int = 1     # init_tc: 16-pixel rows per warp (ops.init_mt)
 
     @property
     def symbol(self) -> str:
         dt, w = DTYPES[self.dtype][1], (f"_w{self.tw}" if self.tw != 8 else "")
         return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}" + (f"_p{self.cp}" if self.cp != 1 else ""),
                 "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
-                "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc{self.mt}",
+                "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc",
                 "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
 
     def instance(self) -> str:
@@ -100,7 +99,7 @@ class SimpleKey:
         if self.kind == "init":
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init_tc":
-            return f"INIT_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.mt})"
+            return f"INIT_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.n})"
         return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n})"
 
 

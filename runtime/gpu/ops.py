@@ -561,7 +561,7 @@ def init_tw(size: int, batch: int, sms: int) -> int:
     return 16 if cdiv(size, INIT_TILE) ** 2 * batch >= 4 * sms else 8
 
 
-INIT_TC_THREADS, INIT_TC_TW = 128, 16   # io.cu init_conv_tc: 4 warps, 16-pixel row segments
+INIT_TC_THREADS, INIT_TC_TILE = 128, (4, 16)   # io.cu init_conv_tc: 4 warps over 4 rows x 16 columns
 
 
 def init_tc(precision: str, cin: int) -> bool:
@@ -570,21 +570,11 @@ def init_tc(precision: str, cin: int) -> bool:
     return precision != "fp32" and cin <= 4
 
 
-def init_mt(size: int, batch: int, sms: int) -> int:
-    """init_conv_tc's rows per warp (a CTA covers 4 * mt rows x 16 columns): the largest of 4, 2, 1
-    whose grid still gives every SM a CTA, so that a large batch stages each CTA's 13 KB of weight
-    fragments for 4x the pixels and a small one spreads over the SMs (batch 1 on the H100: 64 CTAs)."""
-    for mt in (4, 2):
-        if cdiv(size, 4 * mt) * cdiv(size, INIT_TC_TW) * batch >= sms:
-            return mt
-    return 1
-
-
 def init_key(op: Op, ctx: Ctx) -> SimpleKey:
     xt = ctx.plan.tensors[op.x]
     batch = ctx.tile_batch or ctx.batch
     if init_tc(ctx.precision, xt.channels):
-        return SimpleKey("init_tc", ctx.precision, op.k, xt.channels, mt=init_mt(xt.size, batch, ctx.sms))
+        return SimpleKey("init_tc", ctx.precision, op.k, xt.channels)
     return SimpleKey("init", ctx.precision, op.k, xt.channels, init_tw(xt.size, batch, ctx.sms))
 
 
@@ -616,9 +606,9 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     if key.kind == "init_tc":
         coutp = round_up(cout, 32)   # whole 32-channel passes
         wb = pack_init_tc(w, ctx.precision, coutp)
-        rows = 4 * key.mt
-        smem = 8 * (rows + k - 1) * (INIT_TC_TW + k - 1) + wb.nbytes
-        grid, threads = (cdiv(size, rows) * cdiv(size, INIT_TC_TW), 1, ctx.batch), INIT_TC_THREADS
+        th, tw = INIT_TC_TILE
+        smem = 8 * (th + k - 1) * (tw + k - 1) + wb.nbytes
+        grid, threads = (cdiv(size, th) * cdiv(size, tw), 1, ctx.batch), INIT_TC_THREADS
     else:
         coutp = round_up(cout, 8)
         wb = np.zeros((k, k, cin, coutp), dtype=np.float32)

@@ -119,23 +119,3 @@ def test_depthwise_channel_pairs_match_reference(backend, precision, monkeypatch
            f"{len(bad)} bad: " + "; ".join(f"{o} l2={l:.1e} max={m:.1e}" for o, _, l, m in bad[:8]))
     assert len(pairs) == n_dw and not bad, (len(pairs), n_dw, bad[:5])
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("mt", [2, 4])
-@pytest.mark.parametrize("case", [("odd", ODD), ("default", UNetConfig())], ids=["odd", "default"])
-def test_init_conv_rows_per_warp_match_reference(backend, precision, mt, case, monkeypatch):
-    """The tensor-core init_conv's taller tiles (ops.init_mt; picked by grid size, so batch 16 on
-    the H100, batch 1 on the Orin) forced at batch 3, op by op as above (the odd config: 24x24
-    images, ragged 16-wide tiles, 12 output channels of a 32-channel pass)."""
-    from runtime.gpu import ops
-    monkeypatch.setattr(ops, "init_mt", lambda size, batch, sms: mt)
-    name, cfg = case
-    weights = W(cfg, seed=6)
-    with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
-        init = [L for L in ex.launches if L.fn.symbol.startswith("init")]
-        errors = [e for e in check_all_ops(ex, weights, seed=19) if e[0] == init[0].name]
-    l2_tol, max_tol = OP_TOL[precision]
-    report(f"init_conv {name} b3 {precision} rows per warp {mt} ({init[0].fn.symbol}): "
-           f"l2 {errors[0][2]:.2e}, max {errors[0][3]:.2e}")
-    assert init[0].fn.symbol.endswith(f"_tc{mt}") and errors[0][2] < l2_tol and errors[0][3] < max_tol, errors
