@@ -14,7 +14,8 @@
 // Epilogue: bias, time bias (fp32 table row t_idx[b]), exact GELU, identity residual, store in the
 //   activation dtype at pixel stride ldo (a view into a concat buffer), and optionally GroupNorm
 //   partials of the stored tensor for the next conv's norm (one StatPartial per CTA).
-// GATE epilogue (BN >= N, one CTA row): s = psi . relu(acc + bias); out = sigmoid(s + psi_b) * skip.
+// GATE epilogue (GATE 1: BN >= N, one CTA row; 2: N split over gridDim.y CTAs that meet through a
+// ticket, conv_finish): s = psi . relu(acc + bias); out = sigmoid(s + psi_b) * skip.
 //
 // Launch: grid (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN, dynamic smem 8*Cin bytes when
 //   normalized. splits > 1 (small-M layers at small batch): split-K over CTAs with an fp32
@@ -267,9 +268,9 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, sadd
 // acc is [MF][NF][4] (tensor cores) or [TM][TN][1] (FFMA); m-tile mt of mtiles, K split sk; `red`
 // (33 floats) is the kernel's static smem scratch for the statistics; `pre` the prefetched bias
 // and time bias.
-template <class D, int BM, int BN, int WM, int WN, int VEC, bool GATE, int A0, int A1, int A2, bool EP>
+template <class D, int BM, int BN, int WM, int WN, int VEC, int GATE, int A0, int A1, int A2, bool EP>
 __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles, int mt, int sk, float *red,
-                                            const EpiloguePrefetch<BN, 32 * WM * WN, GATE, EP> &pre, CONV_PARAMS) {
+                                            const EpiloguePrefetch<BN, 32 * WM * WN, (GATE != 0), EP> &pre, CONV_PARAMS) {
     typedef typename D::S S;
     constexpr bool TC = D::TC;
     constexpr int NT = 32 * WM * WN;
@@ -321,7 +322,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
 
     // bias, then time bias (conv) or psi (gate) of the tile's columns: from smem where the prefetch
     // ran, else from global memory
-    constexpr bool ON = EpiloguePrefetch<BN, NT, GATE, EP>::ON;
+    constexpr bool ON = EpiloguePrefetch<BN, NT, (GATE != 0), EP>::ON;
     __shared__ float ep[ON ? 2 * BN : 1];
     const float *ebias = ep, *esecond = ep + BN;
     if constexpr (ON) {
@@ -351,7 +352,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         }
     };
 
-    if constexpr (GATE) {
+    if constexpr (GATE != 0) {
         constexpr int SLOTS = TC ? WN : TXN;
         __shared__ float gred[SLOTS * BM];
         __shared__ float gsig[BM];
@@ -376,10 +377,38 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             }
         }
         __syncthreads();
-        for (int r = tid; r < BM; r += NT) {
-            float s = psi_b;
-            for (int q = 0; q < SLOTS; ++q) s += gred[q * BM + r];
-            gsig[r] = 1.0f / (1.0f + expf(-s));
+        if constexpr (GATE == 1) {
+            for (int r = tid; r < BM; r += NT) {
+                float s = psi_b;
+                for (int q = 0; q < SLOTS; ++q) s += gred[q * BM + r];
+                gsig[r] = 1.0f / (1.0f + expf(-s));
+            }
+        } else {
+            // GATE 2, N split over gridDim.y CTAs (a 256-wide gate at batch 1: one CTA's split-K merge
+            // of full-width partial tiles was its critical path): each stores its rows' partial psi
+            // sums after the split-K region of the workspace, and the last of the m tile's CTAs to
+            // arrive (its own ticket after the split-K counters, the same acquire-release pattern)
+            // adds them in column-tile order (deterministic), takes the sigmoid and scales the skip
+            // rows. Its own instantiations (ConvKey.nsplit), so the one-CTA gates compile as before.
+            const size_t split_tiles = splits > 1 ? (size_t)gridDim.z * gridDim.y * mtiles : 0;
+            float *part = ws + split_tiles * splits * BM * BN + ((size_t)b * mtiles + mt) * gridDim.y * BM;
+            int *ticket = counters + split_tiles + b * mtiles + mt;
+            for (int r = tid; r < BM; r += NT) {
+                float s = 0.0f;
+                for (int q = 0; q < SLOTS; ++q) s += gred[q * BM + r];
+                part[blockIdx.y * BM + r] = s;
+            }
+            __syncthreads();
+            __shared__ int last_n;
+            if (tid == 0) last_n = atomic_add_acq_rel(ticket, 1) == (int)gridDim.y - 1;
+            __syncthreads();
+            if (!last_n) return;
+            for (int r = tid; r < BM; r += NT) {
+                float s = psi_b;
+                for (int q = 0; q < (int)gridDim.y; ++q) s += __ldcg(part + q * BM + r);
+                gsig[r] = 1.0f / (1.0f + expf(-s));
+            }
+            if (tid == 0) *ticket = 0;
         }
         __syncthreads();
         const int cv = Cr / VEC;
@@ -450,7 +479,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
 }
 
 // ---- the kernel: register-staged double buffering ---------------------------------------------
-template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE>
+template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, int GATE>
 __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     typedef typename D::S S;
     constexpr bool TC = D::TC;
@@ -476,7 +505,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
 
-    EpiloguePrefetch<BN, NT, GATE, TC> pre;
+    EpiloguePrefetch<BN, NT, (GATE != 0), TC> pre;
     pre.load(bias, psi_w, n0);
 
     // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------

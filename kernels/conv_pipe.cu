@@ -166,7 +166,7 @@ __device__ __forceinline__ void slice_exchange(const float (&acc)[MF][NF][4], fl
             }
 }
 
-template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, bool GATE, int STAGES,
+template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, int GATE, int STAGES,
           int KS>
 __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     typedef typename D::S S;
@@ -298,7 +298,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         cp_async_commit();
     }
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
-    EpiloguePrefetch<BN, NT, GATE, true> pre;
+    EpiloguePrefetch<BN, NT, (GATE != 0), true> pre;
     pre.load(bias, psi_w, n0);
     if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b);
 

@@ -117,3 +117,34 @@ def test_every_halo_or_sliced_candidate_compiles_for_sm87_without_spills(tmp_pat
         f = rep[k.symbol]
         assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
         assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)
+
+
+@pytest.mark.slow
+def test_every_gate_candidate_compiles_for_sm87_without_spills(tmp_path):
+    """Each gate tile the tuner may time (the whole N in one CTA or split over 2-4, batch 1 and 16),
+    through ptxas for the Orin's sm_87: no spills, no stack."""
+    import shutil
+
+    from runtime.config import UNetConfig
+    from runtime.gpu.executor import view_layout
+    from runtime.gpu.tuning import candidates
+    from runtime.plan import GATE, build_plan
+    from runtime.weights import random_params
+    from test_conv_pipelined_cpu import sm87_ptxas
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    cfg = UNetConfig()
+    plan, params = build_plan(cfg), random_params(cfg, 0)
+    keys = set()
+    for batch in (1, 16):
+        ctx = ops.Ctx(plan, params, "fp16", batch, 8, view_layout(plan))
+        for op in plan.ops:
+            if op.kind == GATE:
+                keys.update(ops.op_spec(op, dataclasses.replace(ctx, tiles={op.out: t})).key for t in candidates(op, ctx))
+    assert any(k.bn < 256 and k.bm == 32 and k.wn == 2 for k in keys)
+    rep = sm87_ptxas(nvcc, sorted(keys, key=lambda k: k.symbol), tmp_path)
+    for k in keys:
+        f = rep[k.symbol]
+        assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)

@@ -75,8 +75,8 @@ def values(bits: np.ndarray, dtype: str) -> np.ndarray:
     return bits.view(np.float16).astype(np.float32) if dtype == "fp16" else ops.from_device(bits, dtype)
 
 
-def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, wn=2, ks=1):
-    return ConvKey(dtype, bm, bn, bk, wm, wn, kh, st, up, 8, gate, stages, ks=ks)
+def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, wn=2, ks=1, nsplit=False):
+    return ConvKey(dtype, bm, bn, bk, wm, wn, kh, st, up, 8, gate, stages, ks=ks, nsplit=nsplit)
 
 
 # (name, stock key, pipelined keys, shape). Shapes: Hin, Cin, N, Cr (residual K segment), batch,
@@ -100,7 +100,7 @@ CASES = [
 # k slices (ConvKey.ks): the same GEMM summed in another order (each slice's k steps, then the
 # slices), so equal to the stock kernel within the output's rounding, not bit for bit. Cases: the
 # batch-1 tile (32x32x64, 2 slices), spare B-copy threads (32x32x32: 128 vectors, 256 threads), 4
-# slices, split-K on top, up2 with a residual segment, the gate, bf16.
+# slices, split-K on top, up2 with a residual segment, the gate (with its N split over 2-3 CTAs too), bf16.
 SLICE_CASES = [
     ("3x3-norm-tbias-gelu-res", key(64, 64, 32), [key(32, 32, 64, stages=3, ks=2), key(32, 32, 32, stages=3, ks=2),
                                                  key(32, 64, 64, stages=3, ks=4), key(64, 64, 32, stages=4, ks=2)],
@@ -111,6 +111,13 @@ SLICE_CASES = [
      dict(hin=6, cin=16, n=32, cr=24, batch=2, norm=True)),
     ("gate", key(32, 64, 32, kh=1, gate=True), [key(32, 64, 32, kh=1, gate=True, stages=3, ks=2)],
      dict(hin=10, cin=40, n=40, cr=24, batch=2, gate=True)),
+    # N split over CTAs (psi partials summed by the last through a ticket: another order as well)
+    ("gate-split-n", key(32, 64, 32, kh=1, gate=True), [key(32, 32, 32, kh=1, gate=True, nsplit=True),
+                                                        key(32, 32, 32, kh=1, gate=True, stages=3, nsplit=True)],
+     dict(hin=10, cin=40, n=40, cr=24, batch=2, gate=True)),
+    ("gate-split-n-and-k", key(32, 128, 32, kh=1, gate=True, wm=1, wn=4),
+     [key(32, 32, 32, kh=1, gate=True, nsplit=True), key(64, 64, 32, kh=1, gate=True, stages=3, ks=2, nsplit=True)],
+     dict(hin=9, cin=72, n=72, cr=40, batch=2, gate=True, splits=2)),
     ("1x1-bf16", key(128, 64, 32, kh=1, dtype="bf16"), [key(32, 64, 64, kh=1, dtype="bf16", stages=3, ks=2)],
      dict(hin=16, cin=48, n=64, cr=0, batch=1, norm=True, act=1)),
 ]
@@ -202,8 +209,9 @@ class Problem:
         out_c = self.cr if self.gate else self.n
         out = np.full((self.batch, self.hout, self.hout, out_c), 0x7E00, dtype=np.uint16)   # NaN
         st_part = np.full((self.batch, mtiles * ntiles, 4), np.nan, dtype=np.float32)
-        ws = np.zeros(self.batch * mtiles * ntiles * self.splits * k.bm * k.bn, dtype=np.float32)
-        counters = np.zeros(self.batch * mtiles * ntiles, dtype=np.int32)
+        n_ws, n_ctr = ops.gemm_workspace(self.batch, mtiles, ntiles, self.splits, k.bm, k.bn, k.gate)
+        ws = np.zeros(max(n_ws, 1), dtype=np.float32)
+        counters = np.zeros(max(n_ctr, 1), dtype=np.int32)
         keep = []
 
         def p(a):
@@ -220,7 +228,7 @@ class Problem:
                 p(self.gn_b if self.norm else None), p(self.gn_part if self.norm else None), 4, 1e-5,
                 p(self.res if self.res_on else None), self.n, out, self.hout, self.hout, self.n, out_c,
                 None if self.gate else st_part, self.act, p(ops.padded(self.psi, npad) if self.gate else None),
-                0.25, self.splits, p(ws if self.splits > 1 else None), p(counters if self.splits > 1 else None)]
+                0.25, self.splits, p(ws if n_ws else None), p(counters if n_ctr else None)]
         cargs = []
         for kind, a in zip(macro_params(), args):
             if kind == "p":
@@ -233,7 +241,7 @@ class Problem:
         fn = getattr(lib, "emu_" + k.symbol)
         fn(ctypes.c_int(mtiles * self.splits), ctypes.c_int(ntiles), ctypes.c_int(self.batch),
            ctypes.c_int(k.threads), *cargs)
-        assert not counters.any(), "split-K counters must be re-armed"
+        assert not counters.any(), "split-K and gate tickets must be re-armed"
         return out, st_part
 
 

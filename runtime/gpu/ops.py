@@ -144,7 +144,8 @@ class TileChoice:
 # ---- tile choice ----------------------------------------------------------------------------------
 
 def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool) -> Tuple[int, int, int, int]:
-    """(BM, BN, WM, WN). Gates need the whole N in one CTA (psi is a dot product over N).
+    """(BM, BN, WM, WN). Gates take the whole N in one CTA (psi is a dot product over N; a measured
+    tile may split it, kernels/conv.cu conv_finish).
     Convs: BN covers N where it can; BM is the largest that still gives ~2 CTAs per SM
     (batch-1 calls are launch/latency bound: many small CTAs beat few big ones)."""
     tc = precision != "fp32"
@@ -250,8 +251,8 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (key.stages and (not tc or key.vec != VEC_MAX[key.dtype] or not 2 <= key.stages <= MAX_STAGES),
          f"cp.async stages {key.stages}"),
         (not key.halo and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
-        (key.gate and key.bn < n, f"gate BN {key.bn} < {n} channels"),
     ]
+    problems.append((key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"))
     bad = [msg for cond, msg in problems if cond]
     if bad:
         raise ConfigError(f"{where}: tile {key.symbol} is not supported ({'; '.join(bad)})")
@@ -307,7 +308,7 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
         return None
     stages = t.stages if ctx.conv_stages else 0
     tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk, stages=stages, halo=bool(t.halo),
-                                ks=t.ks if stages else 1)
+                                ks=t.ks if stages else 1, nsplit=key.gate and t.bn < n)
     check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
     bad = (halo_problems(tuned, geom) if geom else ["a gate"]) if tuned.halo else []
     if bad:
@@ -412,7 +413,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         blobs["gn_w"] = padded(p[op.norm + ".weight"], xt.channels)
         blobs["gn_b"] = padded(p[op.norm + ".bias"], xt.channels)
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
-    splits, ws_bytes = split_k(blobs, mtiles * ntiles, sum(nks), key, ctx, op.out)
+    splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
     grid = (mtiles * splits, ntiles, ctx.batch)
     smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else 8 * xt.channels if op.norm else 0
     act = {"none": 0, "gelu": 1}[op.act]
@@ -431,25 +432,38 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
                 P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
                 P(gn_w), P(gn_b), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
                 P(out_ptr), I(ot.size), I(ot.size), I(n), I(ldo), P(r.stats_out(op.out)), I(act),
-                P(0), F(0.0), *split_args(r, op.out, splits))
+                P(0), F(0.0), *split_args(r, op.out, splits, ws_bytes))
 
     return OpSpec(op, key, grid, (key.threads, 1, 1), smem, blobs, make_args, mtiles * ntiles, ws_bytes)
 
 
-def split_k(blobs: Dict[str, np.ndarray], tiles: int, nk: int, key: ConvKey, ctx: Ctx,
+def gemm_workspace(batch: int, mtiles: int, ntiles: int, splits: int, bm: int, bn: int, gate: bool) -> Tuple[int, int]:
+    """(fp32 workspace elements, int32 counters) of a GEMM launch, as kernels/conv.cu conv_finish lays
+    them out: with splits > 1 the split-K partial tiles and one ticket per (sample, tile); then, for
+    a gate whose N is split over ntiles CTAs, each (sample, m tile)'s row partials of psi and its
+    ticket."""
+    tiles = batch * mtiles * ntiles
+    ws, ctr = (tiles * splits * bm * bn, tiles) if splits > 1 else (0, 0)
+    if gate and ntiles > 1:
+        ws, ctr = ws + tiles * bm, ctr + batch * mtiles
+    return ws, ctr
+
+
+def split_k(blobs: Dict[str, np.ndarray], mtiles: int, ntiles: int, nk: int, key: ConvKey, ctx: Ctx,
             name: str) -> Tuple[int, int]:
-    """Splits, workspace bytes; adds the zeroed per-tile arrival counters to the op's blobs."""
+    """Splits, workspace bytes; adds the zeroed tickets (gemm_workspace) to the op's blobs."""
     t = ctx.tiles.get(name)
+    tiles = mtiles * ntiles
     splits = min(t.splits, nk) if (t and t.splits) else choose_splits(nk, tiles * ctx.batch, ctx.sms)
-    if splits == 1:
-        return 1, 0
-    blobs["counters"] = np.zeros(tiles * ctx.batch, dtype=np.int32)
-    return splits, 4 * ctx.batch * tiles * splits * key.bm * key.bn
+    ws, ctr = gemm_workspace(ctx.batch, mtiles, ntiles, splits, key.bm, key.bn, key.gate)
+    if ctr:
+        blobs["counters"] = np.zeros(ctr, dtype=np.int32)
+    return splits, 4 * ws
 
 
-def split_args(r: Resolver, name: str, splits: int) -> Tuple[Any, ...]:
-    if splits == 1:
-        return I(1), P(0), P(0)
+def split_args(r: Resolver, name: str, splits: int, ws_bytes: int) -> Tuple[Any, ...]:
+    if not ws_bytes:
+        return I(splits), P(0), P(0)
     return I(splits), P(r.workspace(name)), P(r.blob(name, "counters"))
 
 
@@ -461,7 +475,7 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
     vec = vec_for(ctx.precision, ctx, (xname, skip, op.out), (g, r_ch))
     bm, bn, wm, wn = tile
     key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, True), wm, wn, 1, 1, 1,
-                  vec, True)
+                  vec, True, nsplit=bn < g)
     return tuned_key(key, ctx, op.out, g, 0) or (with_pipeline(key, ctx, 0) if ctx.conv_stages else key)
 
 
@@ -479,9 +493,9 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
     npad = round_up(g, tile[1])
     blobs = {"w": w, "bias": padded(bias, npad), "psi": padded(f32(".psi.weight"), npad)}
     psi_b = float(f32(".psi.bias").ravel()[0])
-    mtiles = cdiv(m, tile[0])
-    splits, ws_bytes = split_k(blobs, mtiles, sum(nks), key, ctx, op.out)
-    grid = (mtiles * splits, 1, ctx.batch)
+    mtiles, ntiles = cdiv(m, tile[0]), cdiv(g, tile[1])   # ntiles > 1: N split, psi summed by a ticket
+    splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
+    grid = (mtiles * splits, ntiles, ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(xname)
@@ -492,7 +506,7 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
                 P(r.blob(op.out, "bias")), P(0), I(0), P(0),
                 P(0), P(0), P(0), I(0), F(0.0), P(0), I(0),
                 P(out_ptr), I(size), I(size), I(g), I(ldo), P(0), I(0),
-                P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits))
+                P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits, ws_bytes))
 
     return OpSpec(op, key, grid, (key.threads, 1, 1), 0, blobs, make_args, 0, ws_bytes)
 

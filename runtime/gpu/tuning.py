@@ -64,7 +64,9 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     dyn = 0 if gate or not op.norm else 8 * ctx.plan.tensors[op.x].channels
     tc = ctx.precision != "fp32"
     if gate:
-        shapes = [(bm, key.bn, wm, wn) for bm, wm, wn in GATE_ROWS]
+        # the whole N in one CTA, or split over 2-4 CTAs whose psi partials meet through a ticket
+        shapes = [(bm, bn, wm, wn) for bn in (key.bn, key.bn // 2, key.bn // 4) if bn >= 32
+                  for bm, wm, wn in GATE_ROWS]
     else:
         widest = max(32, 1 << (n - 1).bit_length())   # no BN wider than N rounded up to a power of two
         shapes = [s for s in (TC_TILES if tc else FFMA_TILES) if s[1] <= widest]

@@ -119,3 +119,29 @@ def test_depthwise_channel_pairs_match_reference(backend, precision, monkeypatch
            f"{len(bad)} bad: " + "; ".join(f"{o} l2={l:.1e} max={m:.1e}" for o, _, l, m in bad[:8]))
     assert len(pairs) == n_dw and not bad, (len(pairs), n_dw, bad[:5])
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("case", [("odd", ODD), ("default", UNetConfig())], ids=["odd", "default"])
+def test_gates_with_split_n_match_reference(backend, precision, case, monkeypatch):
+    """Every gate of 64+ channels with its N split over 2 CTAs (a measured tile may pick that; psi's
+    row partials meet through a ticket, kernels/conv.cu conv_finish), at batch 3, op by op as above."""
+    from runtime.gpu import ops
+    plain = ops.choose_tile
+
+    def halved(precision, m, n, batch, sms, gate):
+        bm, bn, wm, wn = plain(precision, m, n, batch, sms, gate)
+        return (bm, bn // 2, 2, 2) if gate and bn >= 64 else (bm, bn, wm, wn)
+
+    monkeypatch.setattr(ops, "choose_tile", halved)
+    name, cfg = case
+    weights = W(cfg, seed=8)
+    with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
+        split = {L.name for L in ex.launches if ".gate" in L.name and L.grid[1] > 1}
+        errors = [e for e in check_all_ops(ex, weights, seed=23) if e[0] in split]
+    l2_tol, max_tol = OP_TOL[precision]
+    bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
+    report(f"split-N gates {name} b3 {precision}: {len(errors)} ops, worst l2 {max(e[2] for e in errors):.2e}; "
+           f"{len(bad)} bad: " + "; ".join(f"{o} l2={l:.1e} max={m:.1e}" for o, _, l, m in bad[:8]))
+    assert len(split) >= (6 if name == "default" else 2) and not bad, (sorted(split), bad[:5])
