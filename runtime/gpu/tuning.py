@@ -64,9 +64,11 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     dyn = 0 if gate or not op.norm else 8 * ctx.plan.tensors[op.x].channels
     tc = ctx.precision != "fp32"
     if gate:
-        # the whole N in one CTA, or split over 2-4 CTAs whose psi partials meet through a ticket
+        # the whole N in one CTA, or split over 2-4 CTAs whose psi partials meet through a ticket;
+        # split ones with <= 16 accumulators per thread (at 32, ptxas spilled 16-24 bytes on sm_87
+        # around the ticket epilogue, at the 128- and at the 168-register cap alike)
         shapes = [(bm, bn, wm, wn) for bn in (key.bn, key.bn // 2, key.bn // 4) if bn >= 32
-                  for bm, wm, wn in GATE_ROWS]
+                  for bm, wm, wn in GATE_ROWS if bn == key.bn or bm * bn <= 512 * wm * wn]
     else:
         widest = max(32, 1 << (n - 1).bit_length())   # no BN wider than N rounded up to a power of two
         shapes = [s for s in (TC_TILES if tc else FFMA_TILES) if s[1] <= widest]
@@ -88,8 +90,8 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
             for ks in ((1, 2) if stages and wm * wn <= 4 and bm * bn <= 1024 * wm * wn else (1,)):
                 t = TileChoice(bm, bn, wm, wn, bk, stages, ks=ks)
                 try:
-                    check_key(dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=stages, ks=ks),
-                              n, dyn, op.out)
+                    check_key(dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=stages, ks=ks,
+                                                  nsplit=gate and bn < n), n, dyn, op.out)
                 except ConfigError:
                     continue
                 if t not in out:
