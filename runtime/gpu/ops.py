@@ -251,8 +251,8 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (key.stages and (not tc or key.vec != VEC_MAX[key.dtype] or not 2 <= key.stages <= MAX_STAGES),
          f"cp.async stages {key.stages}"),
         (not key.halo and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
+        (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
     ]
-    problems.append((key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"))
     bad = [msg for cond, msg in problems if cond]
     if bad:
         raise ConfigError(f"{where}: tile {key.symbol} is not supported ({'; '.join(bad)})")
@@ -586,10 +586,9 @@ def init_tc(precision: str, cin: int) -> bool:
 
 def init_key(op: Op, ctx: Ctx) -> SimpleKey:
     xt = ctx.plan.tensors[op.x]
-    batch = ctx.tile_batch or ctx.batch
     if init_tc(ctx.precision, xt.channels):
         return SimpleKey("init_tc", ctx.precision, op.k, xt.channels)
-    return SimpleKey("init", ctx.precision, op.k, xt.channels, init_tw(xt.size, batch, ctx.sms))
+    return SimpleKey("init", ctx.precision, op.k, xt.channels, init_tw(xt.size, ctx.tile_batch or ctx.batch, ctx.sms))
 
 
 def init_tc_steps(k: int) -> int:
