@@ -138,11 +138,6 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
     }
 }
 
-template <class D>
-__device__ __forceinline__ u32 pack2(float lo, float hi) {   // two values -> one u32 of the 16-bit type
-    return (u32)D::from_f(lo) | ((u32)D::from_f(hi) << 16);
-}
-
 template <class D, int K, int CIN>
 __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
     typedef typename D::S S;
@@ -182,10 +177,10 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
 #pragma unroll
     for (int u = 0; u < PPT; ++u) {
         const int i = tid + u * NT;
-        float c4[4];
+        Vec<S, 4> v;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) c4[c] = c < CIN ? tv[u][c] : 0.0f;
-        if (i < NPIX) reinterpret_cast<uint2 *>(tile)[i] = make_uint2(pack2<D>(c4[0], c4[1]), pack2<D>(c4[2], c4[3]));
+        for (int c = 0; c < 4; ++c) v.v[c] = D::from_f(c < CIN ? tv[u][c] : 0.0f);
+        if (i < NPIX) vstore<S, 4>(reinterpret_cast<S *>(tile) + 4 * i, v);
     }
     __syncthreads();
 
@@ -232,7 +227,8 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
                 const int n = (j0 + j) * 8 + 2 * t;
                 const float v0 = acc[j][2 * r] + bv[j][0], v1 = acc[j][2 * r + 1] + bv[j][1];
                 if (n + 1 < Cout && ((size_t)(o + n) & 3) == 0) {
-                    *reinterpret_cast<u32 *>(o + n) = pack2<D>(v0, v1);
+                    Vec<S, 2> pr; pr.v[0] = D::from_f(v0); pr.v[1] = D::from_f(v1);
+                    vstore<S, 2>(o + n, pr);
                 } else {
                     if (n < Cout) o[n] = D::from_f(v0);
                     if (n + 1 < Cout) o[n + 1] = D::from_f(v1);

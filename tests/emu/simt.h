@@ -32,7 +32,6 @@ struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
-inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 
 thread_local Dim3 threadIdx, blockIdx;
 Dim3 blockDim, gridDim;
