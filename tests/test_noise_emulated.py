@@ -123,8 +123,8 @@ def bits_equal(got: np.ndarray, want: np.ndarray, label: str) -> None:
 def noise(lib):
     made = []
 
-    def make(n: int) -> DeviceNoise:
-        dn = DeviceNoise(EmuBackend(), n, EmuModule(lib))
+    def make(n: int, rows: int = 1) -> DeviceNoise:
+        dn = DeviceNoise(EmuBackend(), n, EmuModule(lib), rows=rows)
         made.append(dn)
         return dn
     yield make
@@ -144,6 +144,24 @@ def test_draws_equal_numpy_and_leave_its_state(noise, n, seeds):
             bits_equal(out, rng.standard_normal(n, dtype=np.float32), f"seed {seed} n {n} row {k}")
             assert dn.state(s) == rng.bit_generator.state, f"seed {seed} n {n} row {k}: state"
         assert dn.flags(s) == 0
+
+
+@pytest.mark.parametrize("n", [37, 12288])
+def test_a_draw_of_several_rows_is_the_stream_of_single_rows(noise, n):
+    """The sampler draws its rows in chunks: k rows at once must be NumPy's stream, as k draws of one
+    row are, with the buffered half-word carried into and out of the chunk."""
+    dn, s = noise(n, rows=5), Stream()
+    for seed in (0, 5):
+        dn.seed(seed, s)
+        rng = np.random.Generator(np.random.PCG64(seed))
+        for k in (1, 5, 2, 3):
+            out = out_buffer(k * n)
+            dn.draw(out.ctypes.data, s, rows=k)
+            bits_equal(out, rng.standard_normal(k * n, dtype=np.float32), f"seed {seed} n {n} rows {k}")
+            assert dn.state(s) == rng.bit_generator.state, f"seed {seed} n {n} rows {k}: state"
+        assert dn.flags(s) == 0
+    with pytest.raises(ValueError, match="a draw of 6 rows from a generator sized for 1 .. 5"):
+        dn.draw(out.ctypes.data, s, rows=6)
 
 
 def test_nhwc_layout_is_the_nchw_stream_transposed(noise):

@@ -98,8 +98,8 @@ def noise_launches(be: FakeBackend) -> list:
     (which takes the sampling step)."""
     out = []
     for i, (sym, grid, block, args, smem) in enumerate(be.launches):
-        if sym == "noise_emit":
-            out.append(("draw", int(args[6]), (int(args[7]), int(args[8])), i))
+        if sym == "noise_emit":   # (.., normals, out, C, hw)
+            out.append(("draw", int(args[6]), (int(args[7]), int(args[8])), i, int(args[5])))
         elif sym.startswith("final_conv") and int(args[8]):   # the U-Net's last kernel, taking the step
             out.append(("step", None, None, i))
     return out
@@ -115,12 +115,18 @@ def test_device_noise_draws_x_t_then_each_row_before_its_step(monkeypatch):
     log = noise_launches(be)
     draws = [e for e in log if e[0] == "draw"]
     assert draws[0][1:3] == (ex.x_ptr, (3, 256)), "x_T goes straight into the executor's NHWC input"
+    assert draws[0][4] == n
     noisy = [k for k, st in enumerate(steps) if st.sigma > 0]
-    rows = [d[1] for d in draws[1:]]
-    assert rows == [s._off["noise"] + 4 * n * r for r in range(len(noisy))] and all(d[2] == (0, 0) for d in draws[1:])
+    sizes = [d[4] // n for d in draws[1:]]
+    assert all(d[4] % n == 0 for d in draws[1:]) and sum(sizes) == len(noisy)
+    assert len(noisy) == 9 and sizes == [1, 1, 2, 4, 1], "rows in draws of doubling size"
+    starts = np.cumsum([0] + sizes[:-1])
+    assert [d[1] for d in draws[1:]] == [s._off["noise"] + 4 * n * int(r) for r in starts]
+    assert all(d[2] == (0, 0) for d in draws[1:])
     step_at = [e[3] for e in log if e[0] == "step"]
     for r, k in enumerate(noisy):
-        assert draws[1 + r][3] < step_at[k], f"row {r} is drawn after step {k} that reads it"
+        d = draws[1 + int(np.searchsorted(starts, r, side="right")) - 1]
+        assert d[3] < step_at[k], f"row {r} is drawn after step {k} that reads it"
     assert s._host_noise is None, "no pinned host rows in device mode"
     s.close()
 

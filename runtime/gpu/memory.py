@@ -6,7 +6,8 @@ plan's tensors plus the executor's extra regions), and the sampler's tables.
     print(est.summary())                                    # the executor's refusal says the same
 
 Device: the weights allocation (packed parameters, time-bias table, timestep-row table), the arena,
-and in gpu mode the step tables and the noise rows of all T steps (GpuSampler._prepare_gpu).
+and in gpu mode the step tables and the noise rows of all T steps (GpuSampler._prepare_gpu), plus
+with device noise its generator's scratch (runtime.gpu.noise, a few MB).
 Pinned host: the weights' staging copy (kept while the early-start upload may still read it, i.e.
 for the executor's life), x / eps / t of each executor, and in gpu mode the noise rows again. On a
 Jetson the CPU and the GPU share one DRAM, so a budget there is met by device + pinned (`peak`).
@@ -21,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..arena import ArenaPlan, ExtraRegion, activation_elem_bytes, plan_arena
 from ..errors import ArenaError, UsageError
 from ..plan import CAT, TIME_PROJ, Plan, build_plan
+from .noise import STATE_DTYPE, draw_rows, scratch_sizes
 from .ops import ELEM_BYTES, Ctx, OpSpec, op_spec
 
 ALIGN = 256
@@ -199,9 +201,12 @@ def executor_specs(weights: Any, precision: str, batch: int, sms: int) -> Tuple[
     return plan, [op_spec(op, ctx) for op in plan.ops if op.kind != CAT]
 
 
-def estimate(weights: Any, precision: str, batch: int, sms: int = 8, mode: str = "gpu") -> MemoryEstimate:
-    """Bytes of a GpuSampler(weights, precision, batch, mode) on a GPU with `sms` SMs. cpu mode
-    runs two half-batch executors (two weights allocations) and pins x and eps per run instead."""
+def estimate(weights: Any, precision: str, batch: int, sms: int = 8, mode: str = "gpu",
+             noise: str = "device") -> MemoryEstimate:
+    """Bytes of a GpuSampler(weights, precision, batch, mode, noise=noise) on a GPU with `sms` SMs.
+    gpu mode pins the noise rows on the host (host noise, and device noise's redraw of a flagged
+    run); device noise adds its generator's scratch on the device. cpu mode runs two half-batch
+    executors (two weights allocations) and pins x and eps per run instead."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     c = weights.config
@@ -217,6 +222,10 @@ def estimate(weights: Any, precision: str, batch: int, sms: int = 8, mode: str =
         tables = sampler_tables(c, batch)
         sampler = sum(aligned(v) for v in tables.values())
         pinned += sum(v for k, v in tables.items() if k not in DEVICE_ONLY_TABLES)   # the rest have pinned mirrors
+        if noise == "device":
+            n = batch * c.channels * c.image_size ** 2
+            sampler += regions(scratch_sizes(n, draw_rows(n, c.timesteps)))[1]
+            pinned += 2 * STATE_DTYPE.itemsize   # its state, staged up by seed() and down by flags()
     else:
         sampler = 0
         pinned += 2 * 4 * batch * c.channels * c.image_size ** 2
@@ -252,19 +261,20 @@ def parse_budget(text: str) -> Budget:
 
 
 def report(weights: Any, precisions: Sequence[str], batches: Sequence[int], budgets: Sequence[Budget],
-           sms: int, mode: str, out: Callable[[str], None], source: str = "") -> List[str]:
+           sms: int, mode: str, out: Callable[[str], None], source: str = "", noise: str = "device") -> List[str]:
     """Print the table and the largest batch per budget; returns '(batch, precision) on budget' misfits."""
     memo: Dict[Tuple[str, int], MemoryEstimate] = {}
 
     def est(p: str, b: int) -> MemoryEstimate:
         if (p, b) not in memo:
-            memo[(p, b)] = estimate(weights, p, b, sms, mode)
+            memo[(p, b)] = estimate(weights, p, b, sms, mode, noise)
         return memo[(p, b)]
 
     c = weights.config
     out(f"memory plan: {source or c.arch} ({c.image_size}x{c.image_size}, T={c.timesteps}), {mode} mode, "
         f"tiles for {sms} SMs; MB = 1e6 bytes as requested from CUDA")
-    out("device = weights + arena + sampler tables; pinned = page-locked host buffers; a Jetson's CPU and GPU "
+    scratch = " (with the device noise generator's scratch)" if mode == "gpu" and noise == "device" else ""
+    out(f"device = weights + arena + sampler tables{scratch}; pinned = page-locked host buffers; a Jetson's CPU and GPU "
         "share one DRAM, so what it must hold is peak = device + pinned")
     cols = ("precision", "batch", "weights", "arena", "sampler", "device", "pinned", "peak", "fits")
     out("{:<9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}".format(*cols))

@@ -1,10 +1,11 @@
 """The spec's noise stream drawn on the GPU (kernels/noise.cu): NumPy's
-`Generator(PCG64(seed)).standard_normal(n, dtype=float32)`, bit for bit, one row of n normals per
-draw, enqueued on any stream with no host synchronization.
+`Generator(PCG64(seed)).standard_normal(n, dtype=float32)`, bit for bit, one or more rows of n
+normals per draw, enqueued on any stream with no host synchronization.
 
-    dn = DeviceNoise(backend, n, module)       # module: any module of the loader (noise.cu is in all)
+    dn = DeviceNoise(backend, n, module, rows=8)   # module: any module of the loader (noise.cu is in all)
     dn.seed(seed, stream)                      # PCG64(seed)'s state, uploaded
     dn.draw(out_ptr, stream)                   # n fp32 normals, NCHW as NumPy fills them
+    dn.draw(out_ptr, stream, rows=5)           # the next 5 rows at once (= 5 draws, one set of launches)
     dn.draw(x_ptr, stream, nhwc=(C, H * W))    # the same stream scattered to NHWC (the executor's x)
     dn.flags(stream)                           # after the work: 0, or NOISE_* bits (redraw on the host)
     dn.state(stream)                           # the generator's state as NumPy's state dict
@@ -24,10 +25,26 @@ from .noise_ref import FLAG_AMBIGUOUS, FLAG_SHORT, WINDOW_LOG2, n_words, numpy_n
 
 KERNELS = ("noise_words", "noise_walk", "noise_emit")
 NOISE_SOURCES = ("host", "device")   # where a sampler draws its noise: NumPy on the CPU, or DeviceNoise
+DRAW_NORMALS = 1 << 20   # the most normals a sampler's generator draws at once (~6 bytes of scratch each)
 STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("inc_hi", "<u8"),
                         ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
                         ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
-__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "pack_state", "unpack_state"]
+__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "draw_rows", "pack_state", "scratch_sizes",
+           "unpack_state"]
+
+
+def draw_rows(n: int, timesteps: int) -> int:
+    """Rows of n normals a sampler's generator is sized to draw at once: the sampler's draws double
+    (1, 1, 2, 4, ...), so none is larger than half the rows of a run."""
+    return max(1, min((int(timesteps) + 1) // 2, DRAW_NORMALS // int(n)))
+
+
+def scratch_sizes(n: int, rows: int) -> dict:
+    """The device scratch of a generator drawing up to `rows` rows of n normals per draw."""
+    W = n_words(rows * n)
+    cap = max(64, W // 8)   # specials (1.5% of W expected)
+    return {"state": STATE_DTYPE.itemsize, "words": 4 * W, "smask": W // 8, "hmask": W // 8, "spre": W // 8,
+            "hpre": W // 8, "rp": 4 * cap, "ri": 4 * cap, "rv": 4 * cap}
 
 
 def pack_state(state: dict, mode: int, window: int) -> np.ndarray:
@@ -54,22 +71,19 @@ class DeviceNoise:
 
     window_log2 = WINDOW_LOG2    # test hook: a wide window flags most draws (exercises the host redraw)
 
-    def __init__(self, backend: Any, n: int, module: Any = None) -> None:
+    def __init__(self, backend: Any, n: int, module: Any = None, rows: int = 1) -> None:
         self.mode, self.exact = numpy_noise_mode()
-        if not 1 <= n < 1 << 30:
-            raise ValueError(f"device noise rows hold 1 .. 2^30 normals, got {n}")
-        self.backend, self.n = backend, int(n)
-        self.W = n_words(self.n)
-        self.groups, self.cap = self.W // 32, max(64, self.W // 8)   # cap: specials (1.5% of W expected)
+        if not 1 <= n * rows < 1 << 30:
+            raise ValueError(f"device noise draws hold 1 .. 2^30 normals, got {rows} rows of {n}")
+        self.backend, self.n, self.rows = backend, int(n), int(rows)
+        self.W = n_words(self.n)                   # one row's words (a test hook: a test may shrink them)
+        self.groups, self.cap = self.W // 32, max(64, self.W // 8)
         if module is None:
             from .kernels import KernelSet
             module = KernelSet(backend, [], name="noise").module
         self._fn = {k: module.get(k) for k in KERNELS}
-        sizes = {"state": STATE_DTYPE.itemsize, "words": 4 * self.W, "smask": 4 * self.groups,
-                 "hmask": 4 * self.groups, "spre": 4 * self.groups, "hpre": 4 * self.groups,
-                 "rp": 4 * self.cap, "ri": 4 * self.cap, "rv": 4 * self.cap}
         from .memory import regions   # here: the pipeline imports this module, and memory pulls in ops
-        offs, total = regions(sizes)
+        offs, total = regions(scratch_sizes(self.n, self.rows))   # the largest draw
         self._buf = backend.alloc(total)
         self.nbytes = total
         self.ptr = {k: np.uint64(self._buf.ptr + o) for k, o in offs.items()}
@@ -81,22 +95,34 @@ class DeviceNoise:
         self._up[...] = pack_state(np.random.PCG64(seed).state, self.mode, self.window_log2).view(np.uint8)
         self.backend.h2d(int(self.ptr["state"]), self._up, stream)
 
-    def draw(self, out_ptr: int, stream: Any, nhwc: Optional[Tuple[int, int]] = None) -> None:
-        """Enqueue the next n normals into out (fp32): NCHW, or NHWC when nhwc = (channels, pixels)."""
+    def _sizes(self, rows: int) -> Tuple[int, int, int]:
+        """(words W, groups W / 32, specials cap) of a draw of `rows` rows."""
+        if rows == 1:
+            return self.W, self.groups, self.cap
+        W = n_words(rows * self.n)
+        return W, W // 32, max(64, W // 8)
+
+    def draw(self, out_ptr: int, stream: Any, nhwc: Optional[Tuple[int, int]] = None, rows: int = 1) -> None:
+        """Enqueue the next rows * n normals into out (fp32): NCHW, or NHWC when nhwc = (channels,
+        pixels). One draw of k rows is the stream of k draws of one row (the generator's buffered
+        half-word carries over either way) in one set of launches, whose cost is mostly fixed."""
         c, hw = nhwc or (0, 0)
+        if not 1 <= rows <= self.rows:
+            raise ValueError(f"a draw of {rows} rows from a generator sized for 1 .. {self.rows}")
         if c and self.n % (c * hw):
             raise ValueError(f"{self.n} normals are not whole images of {c} x {hw}")
-        p, G = self.ptr, np.int32(self.groups)
+        W, groups, cap = self._sizes(rows)
+        p, G = self.ptr, np.int32(groups)
         out, layout = np.uint64(out_ptr), (np.int32(c), np.int32(hw))
-        self._fn["noise_words"].launch((-(-self.groups // 128), 1, 1), (128, 1, 1),
+        self._fn["noise_words"].launch((-(-groups // 128), 1, 1), (128, 1, 1),
                                        (p["state"], p["words"], p["smask"], p["hmask"], G), 0, stream)
         self._fn["noise_walk"].launch((1, 1, 1), (256, 1, 1),
                                       (p["state"], p["words"], p["smask"], p["hmask"], p["spre"], p["hpre"], p["rp"],
-                                       p["ri"], p["rv"], G, np.int32(self.cap), np.uint32(self.W), np.uint32(self.n),
+                                       p["ri"], p["rv"], G, np.int32(cap), np.uint32(W), np.uint32(rows * self.n),
                                        out) + layout, 0, stream)
-        self._fn["noise_emit"].launch((-(-self.groups // 8), 1, 1), (256, 1, 1),
-                                      (p["words"], p["smask"], p["hmask"], p["hpre"], G, np.uint32(self.n), out) + layout,
-                                      0, stream)
+        self._fn["noise_emit"].launch((-(-groups // 8), 1, 1), (256, 1, 1),
+                                      (p["words"], p["smask"], p["hmask"], p["hpre"], G, np.uint32(rows * self.n),
+                                       out) + layout, 0, stream)
 
     def _read(self, stream: Any) -> np.ndarray:
         self.backend.d2h(self._down, int(self.ptr["state"]), stream)
