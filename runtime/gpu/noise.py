@@ -39,10 +39,16 @@ def draw_rows(n: int, timesteps: int) -> int:
     return max(1, min((int(timesteps) + 1) // 2, DRAW_NORMALS // int(n)))
 
 
+def words_cap(normals: int) -> Tuple[int, int]:
+    """(W, the specials' capacity) of a draw of `normals` normals: the words noise_words draws, and
+    room for W / 8 specials (1.5% of W expected)."""
+    W = n_words(normals)
+    return W, max(64, W // 8)
+
+
 def scratch_sizes(n: int, rows: int) -> dict:
     """The device scratch of a generator drawing up to `rows` rows of n normals per draw."""
-    W = n_words(rows * n)
-    cap = max(64, W // 8)   # specials (1.5% of W expected)
+    W, cap = words_cap(rows * n)
     return {"state": STATE_DTYPE.itemsize, "words": 4 * W, "smask": W // 8, "hmask": W // 8, "spre": W // 8,
             "hpre": W // 8, "rp": 4 * cap, "ri": 4 * cap, "rv": 4 * cap}
 
@@ -76,8 +82,8 @@ class DeviceNoise:
         if not 1 <= n * rows < 1 << 30:
             raise ValueError(f"device noise draws hold 1 .. 2^30 normals, got {rows} rows of {n}")
         self.backend, self.n, self.rows = backend, int(n), int(rows)
-        self.W = n_words(self.n)                   # one row's words (a test hook: a test may shrink them)
-        self.groups, self.cap = self.W // 32, max(64, self.W // 8)
+        self.W, self.cap = words_cap(self.n)         # one row's draw (a test hook: a test may shrink W)
+        self.groups = self.W // 32
         if module is None:
             from .kernels import KernelSet
             module = KernelSet(backend, [], name="noise").module
@@ -99,8 +105,8 @@ class DeviceNoise:
         """(words W, groups W / 32, specials cap) of a draw of `rows` rows."""
         if rows == 1:
             return self.W, self.groups, self.cap
-        W = n_words(rows * self.n)
-        return W, W // 32, max(64, W // 8)
+        W, cap = words_cap(rows * self.n)
+        return W, W // 32, cap
 
     def draw(self, out_ptr: int, stream: Any, nhwc: Optional[Tuple[int, int]] = None, rows: int = 1) -> None:
         """Enqueue the next rows * n normals into out (fp32): NCHW, or NHWC when nhwc = (channels,
