@@ -211,10 +211,24 @@ __device__ __forceinline__ float2 gn_merge(const float4* part, int P, const GnPr
     const float kn = __shfl_sync(0xffffffffu, pre.v.x, 0), ks = __shfl_sync(0xffffffffu, pre.v.y, 0);
     const float K = kn > 0.0f ? __fdividef(ks, kn) : 0.0f;   // any shift near the mean will do
     float n = pre.v.x, d = fmaf(-pre.v.x, K, pre.v.y);
-    for (int i = lane + 32; i < P; i += 32) {
-        const float4 v = part[i];
-        n += v.x;
-        d += fmaf(-v.x, K, v.y);
+    // Partials past the first 32 in batches of 4 per lane, all loaded before any is used (past P:
+    // partial P - 1 again, counted as zeros): one memory latency per batch. A plain loop compiled to
+    // an unrolled body of 4 and a remainder loop of one dependent load per trip (at P = 128, three
+    // round trips in a row; P reaches 256 at batch 1). Batching pass 2's reloads too held registers
+    // that ptxas spilled for in a gate tile on sm_87; they hit L1 anyway.
+    constexpr int NB = 4;
+    for (int i = lane + 32; i < P; i += 32 * NB) {
+        float4 v[NB];
+#pragma unroll
+        for (int u = 0; u < NB; ++u) v[u] = part[min(i + 32 * u, P - 1)];   // no branch around a load
+#pragma unroll
+        for (int u = 0; u < NB; ++u)
+            if (i + 32 * u >= P) v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int u = 0; u < NB; ++u) {
+            n += v[u].x;
+            d += fmaf(-v[u].x, K, v[u].y);
+        }
     }
     n = warp_sum(n);
     d = warp_sum(d);
