@@ -181,23 +181,27 @@ struct StatPartial { float n, sum, m2, pad; };
 // Consumer: merge the P partials (count n_i, sum s_i, M2 m_i about the tile mean) of one sample into
 // (mean, rstd). Each warp merges all P partials on its own, with shuffles only (no shared memory, no
 // barrier): lane l takes partials l, l + 32, ...; every warp runs the same operations on the same data,
-// so every thread returns the same bits. Two passes in fp32:
-// 1. the mean, as a sum of deviations from a shift K (partial 0's mean): d = sum (s_i - n_i K), mean =
-//    K + d / n, which keeps the mean within about one rounding of itself where a plain S / N lost a
-//    few roundings to S's magnitude;
-// 2. M2 = sum (m_i + n_i (s_i / n_i - mean)^2), a sum of non-negative terms about the merged mean,
-//    so nothing cancels whatever the mean/std ratio or the spread of the tile means (Chan et al.).
+// so every thread returns the same bits. In fp32, about a shift K (partial 0's mean):
+// 1. the mean, as a sum of deviations from K: d = sum (s_i - n_i K), mean = K + d / n, which keeps
+//    the mean within about one rounding of itself where a plain S / N lost a few roundings to S's
+//    magnitude; in the same pass M2 about K, q_K = sum (m_i + n_i (s_i / n_i - K)^2), and M2 =
+//    q_K - d^2 / n where that difference cancels little (d^2 / n <= 8 M2: the shift within ~2.8
+//    standard deviations of the mean, the common case for a tile mean);
+// 2. otherwise (partial 0 far from the rest) a second pass: M2 = sum (m_i + n_i
+//    (s_i / n_i - mean)^2), non-negative terms about the merged mean, so nothing cancels whatever
+//    the mean/std ratio or the spread of the tile means (Chan et al.). One pass instead of two
+//    took a batch-1 U-Net call ~6 us faster on the H100 (docs/perf-notes.md session 14).
 // Divisions and the square root are the approximate forms (__fdividef, rsqrtf: within 2 ulp, far
 // inside the tests' 5e-6): an IEEE division's slow path is a subroutine call, and its register saves
 // made ptxas spill at the 128-register cap in half a dozen tiles.
 // The lane's first partial is loaded at the kernel's entry (GnPrefetch), so its latency overlaps the
-// kernel's set-up and first copies; partials past the first 32 are loaded here, and reloaded by pass
-// 2 (L1 hits). Four per lane at entry (P <= 128) measured slower at batch 16 and held registers that
-// the 128-register tiles spilled for.
+// kernel's set-up and first copies; partials past the first 32 are loaded here (and reloaded by a
+// second pass: L1 hits). Four per lane at entry (P <= 128) measured slower at batch 16 and held
+// registers that the 128-register tiles spilled for.
 // History: a one-pass merge in double (a DDIV per partial in every thread: the Orin has FP64 at 1/64
 // of FP32), then the same two passes over the whole CTA (per-warp sums, a barrier, every thread
-// summing the warps' sums from smem, twice). This one took a batch-1 U-Net call 0.438 -> 0.431 ms
-// and batch 16 1.189 -> 1.170 ms (H100, docs/perf-notes.md session 9).
+// summing the warps' sums from smem, twice). The per-warp merge took a batch-1 U-Net call 0.438 ->
+// 0.431 ms and batch 16 1.189 -> 1.170 ms (H100, docs/perf-notes.md session 9).
 struct GnPrefetch {   // a load only: nothing here waits for it
     float4 v;         // partial (lane) if lane < P, else zeros
     __device__ __forceinline__ GnPrefetch(const float4* part, int P) {
@@ -210,7 +214,12 @@ __device__ __forceinline__ float2 gn_merge(const float4* part, int P, const GnPr
     const int lane = threadIdx.x & 31;
     const float kn = __shfl_sync(0xffffffffu, pre.v.x, 0), ks = __shfl_sync(0xffffffffu, pre.v.y, 0);
     const float K = kn > 0.0f ? __fdividef(ks, kn) : 0.0f;   // any shift near the mean will do
-    float n = pre.v.x, d = fmaf(-pre.v.x, K, pre.v.y);
+    // n_i (s_i / n_i - c)^2 + m_i = e^2 / n_i + m_i, e = s_i - n_i c (one rounding)
+    auto m2 = [](const float4& v, float c) {
+        const float e = fmaf(-v.x, c, v.y);
+        return v.x > 0.0f ? fmaf(e, __fdividef(e, v.x), v.z) : 0.0f;
+    };
+    float n = pre.v.x, d = fmaf(-pre.v.x, K, pre.v.y), qk = m2(pre.v, K);
     // Partials past the first 32 in batches of 4 per lane, all loaded before any is used (past P:
     // partial P - 1 again, counted as zeros): one memory latency per batch. A plain loop compiled to
     // an unrolled body of 4 and a remainder loop of one dependent load per trip (at P = 128, three
@@ -228,18 +237,23 @@ __device__ __forceinline__ float2 gn_merge(const float4* part, int P, const GnPr
         for (int u = 0; u < NB; ++u) {
             n += v[u].x;
             d += fmaf(-v[u].x, K, v[u].y);
+            qk += m2(v[u], K);
         }
     }
     n = warp_sum(n);
     d = warp_sum(d);
-    const float mean = K + __fdividef(d, n);
-    auto m2 = [&](const float4& v) {   // n_i (s_i / n_i - mean)^2 = e^2 / n_i, e = s_i - n_i mean (one rounding)
-        const float e = fmaf(-v.x, mean, v.y);
-        return v.x > 0.0f ? fmaf(e, __fdividef(e, v.x), v.z) : 0.0f;
-    };
-    float q = m2(pre.v);
-    for (int i = lane + 32; i < P; i += 32) q += m2(part[i]);
-    q = warp_sum(q);
+    qk = warp_sum(qk);
+    const float dn = __fdividef(d, n), mean = K + dn;
+    // M2 about the mean is M2 about K less n (mean - K)^2 = d^2 / n: accurate in one pass where that
+    // term is small against M2 (rounding error ~(1 + 2 c) ulp of M2, c = d^2 / n / M2 <= 8), which
+    // the tile means near the sample's make the common case. Otherwise (a far partial 0, an M2
+    // lost to rounding, NaN) pass 2: M2 as a sum of non-negative terms about the merged mean.
+    float q = fmaf(-d, dn, qk);
+    if (!(d * dn <= 8.0f * q)) {
+        q = m2(pre.v, mean);
+        for (int i = lane + 32; i < P; i += 32) q += m2(part[i], mean);
+        q = warp_sum(q);
+    }
     return make_float2(mean, rsqrtf(__fdividef(q, n) + eps));
 }
 

@@ -97,12 +97,22 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         if (!norm) return;
         GnCoef<D, VEC> g;
         g.load(Cin, j * BK + kvv * VEC);
+        // NN vectors per trip, all loaded before any is stored: the compiler keeps a load after the
+        // previous store to the same array, so one per trip made a chain of smem round trips (4 per
+        // trip: batch 1 ~3 us faster on the H100, docs/perf-notes.md session 14; no sm_87 spill)
+        constexpr int NN = 4;
         char *q = halo_p + buf(j) + kvv * 16 + (tid / KV) * PS;
-        for (u32 mask = (j & 1) ? hmask1 : hmask0; mask; mask >>= 1, q += PSTEP * PS) {
-            if (!(mask & 1u)) continue;   // padding stays 0
-            Vec<S, VEC> v = vload<S, VEC>(reinterpret_cast<S *>(q));
-            g.apply(v);
-            vstore<S, VEC>(reinterpret_cast<S *>(q), v);
+        for (u32 mask = (j & 1) ? hmask1 : hmask0; mask; mask >>= NN, q += NN * PSTEP * PS) {
+            Vec<S, VEC> v[NN];
+#pragma unroll
+            for (int u = 0; u < NN; ++u)
+                if ((mask >> u) & 1u) v[u] = vload<S, VEC>(reinterpret_cast<S *>(q + u * PSTEP * PS));
+#pragma unroll
+            for (int u = 0; u < NN; ++u)
+                if ((mask >> u) & 1u) {   // padding stays 0
+                    g.apply(v[u]);
+                    vstore<S, VEC>(reinterpret_cast<S *>(q + u * PSTEP * PS), v[u]);
+                }
         }
     };
 

@@ -267,13 +267,23 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         if (!norm || chan < 0 || !a_row_ok) return;
         GnCoef<D, VEC> g;
         g.load(Cin, chan);
+        S *p = &As[st][L::off(r0, kv * VEC)];   // row r0 + i * RPP lies i * RPP * BK further (same swizzle)
+        // two rows per step, both loaded before either is stored (one per step was a chain of smem
+        // round trips: the compiler keeps a load after a store to the same array); all AP at once
+        // held registers that ptxas spilled for on sm_87 (128x32 up2 tile)
+        constexpr int NN = AP < 2 ? AP : 2;
 #pragma unroll
-        for (int i = 0; i < AP; ++i) {
-            if (!((mask >> i) & 1u)) continue;
-            S *p = &As[st][L::off(r0 + i * RPP, kv * VEC)];
-            Vec<S, VEC> v = vload<S, VEC>(p);
-            g.apply(v);
-            vstore<S, VEC>(p, v);
+        for (int i0 = 0; i0 < AP; i0 += NN) {
+            Vec<S, VEC> v[NN];
+#pragma unroll
+            for (int u = 0; u < NN; ++u)
+                if (i0 + u < AP && ((mask >> (i0 + u)) & 1u)) v[u] = vload<S, VEC>(p + (i0 + u) * RPP * BK);
+#pragma unroll
+            for (int u = 0; u < NN; ++u)
+                if (i0 + u < AP && ((mask >> (i0 + u)) & 1u)) {
+                    g.apply(v[u]);
+                    vstore<S, VEC>(p + (i0 + u) * RPP * BK, v[u]);
+                }
         }
     };
 

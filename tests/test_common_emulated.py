@@ -3,12 +3,13 @@ tests/test_conv_pipe_emulated.py): the GroupNorm statistics merge and the CTA su
 block_sum) against float64, and the small-integer division (div_small) against Python's.
 
 gn_merge turns a sample's per-CTA partials (count, sum, M2 about the tile mean, as the producers
-write them in fp32) into (mean, rstd) in fp32, each warp on its own, in two passes (the mean, then M2
-about it). Cases: one partial, fewer partials than a warp's lanes, several per lane (ragged), past
+write them in fp32) into (mean, rstd) in fp32, each warp on its own, in one pass about a shift (partial 0's mean), or two (the mean, then
+M2 about it) where the shift is far from the mean. Cases: one partial, fewer partials than a warp's lanes, several per lane (ragged), past
 the entry prefetch, CTAs of 2, 4 and 8 warps (every warp must agree), data
 centred and offset by 100 and 1000 standard deviations (where the naive sum(s^2 / n) - S^2 / N in
 fp32 would keep no digit of the variance), and one tile far from the rest (which a one-pass merge
-about a shift would lose digits to). Every
+about a shift would lose digits to: M2 there comes from a second pass about the merged mean,
+and in one pass where partial 0, the shift, is near enough). Every
 thread must return the same bits. block_sum is called twice in a row on the same scratch, as the
 kernels' statistics epilogue does. div_small is built with __fdividef off by +-1.5 * 2^-23 (the bound
 its comment claims for rcp.approx and the product), so its correction step is exercised both ways."""
@@ -63,13 +64,13 @@ def lib(tmp_path_factory):
     return compile_emu(emu_source([]) + HARNESS, tmp_path_factory.mktemp("emu-gn"))
 
 
-def partials(rng, P: int, offset: float, outlier: bool):
-    """P tiles of random sizes of data with mean `offset` and std ~1 (tile means spread by ~0.3):
-    the fp32 partials as a producer writes them and the float64 mean / variance of all the data."""
+def partials(rng, P: int, offset: float, outlier: float):
+    """P tiles of random sizes of data with mean `offset` and std ~1 (tile means spread by ~0.3),
+    tile 0 moved by `outlier`: the fp32 partials as a producer writes them and the float64 mean /
+    variance of all the data."""
     sizes = rng.integers(1, 300, size=P)
     tiles = [offset + 0.3 * rng.standard_normal() + rng.standard_normal(n) for n in sizes]
-    if outlier:
-        tiles[0] = tiles[0] + 40.0
+    tiles[0] = tiles[0] + outlier
     part = np.zeros((P, 4), dtype=np.float32)
     for i, t in enumerate(tiles):
         part[i] = (len(t), t.sum(), ((t - t.mean()) ** 2).sum(), 0.0)
@@ -84,7 +85,9 @@ def partials(rng, P: int, offset: float, outlier: bool):
 
 @pytest.mark.parametrize("nt", [64, 128, 256])
 @pytest.mark.parametrize("P", [1, 5, 129, 700])
-@pytest.mark.parametrize("offset,outlier", [(0.0, False), (100.0, False), (1000.0, False), (3.0, True)])
+# tile 0 (the merge's shift) 2.5 std off: one pass (d^2 / n <= 8 M2); 40 std off: the second pass
+@pytest.mark.parametrize("offset,outlier", [(0.0, 0.0), (100.0, 0.0), (1000.0, 0.0), (1000.0, 2.5), (3.0, 2.5),
+                                            (3.0, 40.0)])
 def test_gn_merge_matches_float64(lib, nt, P, offset, outlier):
     rng = np.random.default_rng(P * 7 + nt)
     part, mean, var = partials(rng, P, offset, outlier)

@@ -217,3 +217,42 @@ def test_images_past_the_kernels_division_range_are_refused():
         else:
             with pytest.raises(ConfigError, match="4194304 pixels per sample"):
                 ops.kernel_kind(gemm[0], plan)
+
+
+class _CapturingBackend(FakeBackend):
+    """FakeBackend whose captures record the launches enqueued between begin and end (in `log`: the
+    fake functions' launch log, which KernelSet's module cache may share with an earlier fake)."""
+
+    class Graph:
+        def __init__(self, launches: list, log: list) -> None:
+            self.launches, self.log = launches, log
+
+        def launch(self, stream) -> None:
+            self.log.append(self)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replays: list = []
+        self.log: list = []
+
+    def capture_begin(self, stream) -> None:
+        self._mark = len(self.log)
+
+    def capture_end(self, stream):
+        return self.Graph(self.log[self._mark:], self.replays)
+
+
+def test_call_graph_alternates_two_identical_captures():
+    """GpuExecutor.graph: the call captured twice (the same launches, after the weights' wait),
+    replays taking the copies in turn."""
+    fb = _CapturingBackend()
+    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=fb)
+    fb.log = ex.launches[0].fn.log
+    g = ex.graph(ex.stream)
+    a, b = g.graphs
+    assert len(a.launches) == len(b.launches) == ex.launches_per_call and a is not b
+    assert [str(x) for x in a.launches] == [str(x) for x in b.launches]
+    for _ in range(5):
+        g.launch(ex.stream)
+    assert fb.replays == [a, b, a, b, a]
+    ex.close()
