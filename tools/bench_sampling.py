@@ -10,7 +10,8 @@ when torch is importable, PyTorch eager fp16 and torch.compile(mode="reduce-over
 the same weights and the same noise (their loop runs the same affine step on the GPU with all
 noise uploaded before the clock starts, which favours them). Setup (compile + weight upload) is
 reported separately and excluded from the per-image figures. Each figure is the median of
---repeat timed runs after one warm-up run.
+--repeat timed runs after one warm-up run and then peers.SETTLE_S seconds of runs (every runner,
+ours and the peers alike).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from runtime.trace import Timeline  # noqa: E402
 from runtime.weights import load_weights  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import time_torch  # noqa: E402  (the PyTorch peer loop, shared with bench_peers.py)
+from peers import settle, time_torch  # noqa: E402  (the PyTorch peer loop, shared with bench_peers.py)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -48,6 +49,7 @@ def time_ours(weights, steps, batch, precision, mode, graphs, repeat, seed, nois
     setup = time.perf_counter() - t0
     try:
         x0 = s.run(steps, seed)                              # warm-up (graph capture, pinned buffers)
+        settle(lambda: s.run(steps, seed), lambda: None)     # then SETTLE_S seconds of runs, as the peers
         walls = []
         for _ in range(repeat):
             t0 = time.perf_counter()

@@ -6,12 +6,10 @@ torch.compile(mode="reduce-overhead") fp16 on the same weights, side by side.
     python tools/bench_unet.py --batches 1 --precisions fp16 --iters 500 --no-torch
     python tools/bench_unet.py --no-torch --precisions fp16,bf16 --variants 0 3   # conv kernels side by side
 
-Timing: CUDA events around `iters` back-to-back calls after `warmup` calls; the figure is the mean
+Timing: CUDA events around `iters` back-to-back calls after `warmup` calls and then peers.SETTLE_S
+seconds of calls (the same for the torch peers); the figure is the mean
 per call over that window, repeated `repeats` times and the median reported (METHOD: warm up,
-many calls, events, median). Inputs are random (never zeros). "graph ms" replays our call the way
-the sampler replays its step, two captured copies in turn (runtime.gpu.backend.GraphReplay);
-"1-exec ms" relaunches one copy behind itself, as torch.compile's reduce-overhead mode replays its
-graph (about 10 us per call slower on an H100).
+many calls, events, median). Inputs are random (never zeros).
 
 --variants: the GEMM conv family per run, as $JETSON_UNET_CONV_STAGES would pick it (0: the
 register-staged conv_gemm; n: the cp.async conv of kernels/conv_pipe.cu with n stages, 3 by default);
@@ -39,6 +37,7 @@ from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
 from runtime.gpu.ops import DEFAULT_STAGES, STAGES_ENV  # noqa: E402
 from runtime.weights import load_weights, random_params  # noqa: E402
+from tools.peers import SETTLE_S, settle  # noqa: E402
 
 
 class RandomWeights:
@@ -52,11 +51,14 @@ def bench_weights():
     return (load_weights(path), "shipped") if path.is_file() else (RandomWeights(UNetConfig()), "random")
 
 
-def timed(backend, stream, fn, warmup: int, iters: int, repeats: int) -> float:
-    """Median over `repeats` of (event time of `iters` calls) / iters, in ms."""
+def timed(backend, stream, fn, warmup: int, iters: int, repeats: int, settle_s: float = 0.0) -> float:
+    """Median over `repeats` of (event time of `iters` calls) / iters, in ms, after `warmup` calls
+    and then calls until `settle_s` seconds of load have passed."""
     for _ in range(warmup):
         fn()
     stream.synchronize()
+    if settle_s > 0:
+        settle(fn, stream.synchronize, settle_s, every=50)
     per = []
     for _ in range(repeats):
         e0, e1 = backend.event(), backend.event()
@@ -93,11 +95,11 @@ def bench_ours(weights, precision: str, batch: int, args, backend, stages: int =
     x = rng.standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
     eps = ex.eps(x, 50)                             # uploads x; warms every kernel
     s, tp = ex.stream, ex.t_row_ptr(50)
-    direct = timed(backend, s, lambda: ex.run(s, tp), args.warmup, args.iters, args.repeats)
-    graph = ex.graph(s, tp)   # two execs in turn, as the sampler replays its step (backend.GraphReplay)
-    replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats)
-    one = graph.graphs[0]     # one exec relaunched behind itself, for comparison
-    replay_one = timed(backend, s, lambda: one.launch(s), args.warmup, args.iters, args.repeats)
+    direct = timed(backend, s, lambda: ex.run(s, tp), args.warmup, args.iters, args.repeats, SETTLE_S)
+    backend.capture_begin(s)
+    ex.run(s, tp)
+    graph = backend.capture_end(s)
+    replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats, SETTLE_S)
     rep = ex.arena_report()
     label = (f"ours {precision}" + (f" conv-s{stages}" if getattr(args, "variants", [stages]) != [DEFAULT_STAGES] else "")
              + (" tuned" if ex.tiles_from else ""))
@@ -109,7 +111,7 @@ def bench_ours(weights, precision: str, batch: int, args, backend, stages: int =
         for name, sym, grid, us in sorted(ops_t, key=lambda r: -r[3])[:args.per_op]:
             print(f"  {us:7.2f} us  {name:28s} {sym:36s} grid {grid}")
     ex.close()
-    return {"impl": label, "batch": batch, "direct_ms": direct, "graph_ms": replay, "graph_one_exec_ms": replay_one,
+    return {"impl": label, "batch": batch, "direct_ms": direct, "graph_ms": replay,
             "launches": ex.launches_per_call, "build_s": build_s, "arena": rep["text"],
             "arena_bytes": rep["arena_bytes"], "weights_bytes": rep["weights_bytes"],
             "precision": precision, "conv_stages": stages, "tiles": ex.tiles_from or "built-in", "_eps": eps,
@@ -175,6 +177,7 @@ def bench_torch(weights, batch: int, args) -> list:
                 fn(x, t)                       # compile + CUDA-graph recording happen here
             torch.cuda.synchronize()
             warm_s = time.perf_counter() - t0
+            settle(lambda: fn(x, t), torch.cuda.synchronize, every=50)   # as ours (timed)
             per = []
             for _ in range(args.repeats):
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -211,15 +214,14 @@ def main(argv=None) -> int:
     weights, which = bench_weights()
     rows = []
     print(f"device: {backend.device_name()}  weights: {which}")
-    print(f"{'impl':38s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s} {'1-exec ms':>10s}", flush=True)
+    print(f"{'impl':38s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}", flush=True)
 
     def show(new: list) -> None:   # as they come: a long torch.compile must not hide earlier rows
         for r in new:
             rows.append(r)
             d = f"{r['direct_ms']:.3f}" if "direct_ms" in r else "-"
-            one = f"{r['graph_one_exec_ms']:.3f}" if "graph_one_exec_ms" in r else "-"
             print(f"{r['impl']:38s} {r['batch']:5d} {d:>10s} {r['graph_ms']:9.3f} "
-                  f"{1000 * r['batch'] / r['graph_ms']:8.0f} {one:>10s}", flush=True)
+                  f"{1000 * r['batch'] / r['graph_ms']:8.0f}", flush=True)
 
     for b in [int(v) for v in args.batches.split(",")]:
         for p in args.precisions.split(","):

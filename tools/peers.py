@@ -15,7 +15,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -51,6 +51,26 @@ def torch_model(weights: Any, precision: str = "fp16", compile_mode: Optional[st
     if compile_mode is None:
         return model, dtype
     return torch.compile(model, mode=None if compile_mode == "default" else compile_mode), dtype
+
+
+# Seconds of back-to-back work before any timed window, for every implementation alike: on an H100
+# our batch-1 U-Net graph took 415 us per call in the first 0.1 s of load and settled at 401 us after
+# ~0.4 s (batch 16: 1121 -> 1092 us after ~0.3 s), with NVML's SM and memory clocks unchanged
+# throughout (docs/perf-notes.md session 14); 20 warm-up calls (8 ms) did not reach that.
+SETTLE_S = 2.0
+
+
+def settle(fn: Callable[[], Any], sync: Callable[[], Any], seconds: float = SETTLE_S, every: int = 1) -> int:
+    """Call fn back to back until `seconds` have passed (checked after every `every` calls, each
+    check synchronizing), at least `every` times; returns the number of calls."""
+    t0, n = time.perf_counter(), 0
+    while True:
+        for _ in range(every):
+            fn()
+        n += every
+        sync()
+        if time.perf_counter() - t0 >= seconds:
+            return n
 
 
 def _sync(device: str) -> None:
@@ -91,6 +111,7 @@ def peer_call(weights: Any, x: np.ndarray, t: np.ndarray, precision: str, compil
             fn(xd, td)
         _sync(device)
         warm_s = time.perf_counter() - t0
+        settle(lambda: fn(xd, td), lambda: _sync(device), every=50)
         per = [_window_ms(lambda: fn(xd, td), iters, device) for _ in range(repeats)]
         eps = fn(xd, td).float().cpu().numpy()
     return eps, {"call_ms": statistics.median(per), "warmup_s": warm_s}
@@ -123,6 +144,7 @@ def peer_sampling(weights: Any, steps: Sequence[Step], batch: int, seed: int, re
     for _ in range(2 if compile_mode else 1):   # compile + graph recording happen in the warm-ups
         loop()
     warm_s = time.perf_counter() - t0
+    settle(loop, lambda: None)
     walls: List[float] = []
     for _ in range(repeat):
         t0 = time.perf_counter()

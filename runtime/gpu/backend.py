@@ -214,31 +214,6 @@ class CupyEvent:
         return float(self._cp.cuda.get_elapsed_time(self.raw, later.raw))
 
 
-class GraphReplay:
-    """Work captured as a CUDA graph `copies` times over, each launch taking the next copy in turn.
-    A graph exec launched right behind its own previous launch cost ~10 us more per launch than
-    two execs of the same work taken in turn (H100, CUDA 13, a U-Net call replayed back to back:
-    batch 1 0.420 -> 0.409 ms, batch 16 1.100 -> 1.091 ms; docs/perf-notes.md session 14), so the
-    runtime's repeated replays (the sampler's step, bench_unet's call) go through this. `enqueue`
-    must only enqueue device work on the stream it is given (it runs once per copy)."""
-
-    def __init__(self, backend: Any, stream: Any, enqueue: Callable[[Any], None], copies: int = 2) -> None:
-        self.graphs: list = []
-        for _ in range(copies):
-            backend.capture_begin(stream)
-            try:
-                enqueue(stream)
-            finally:
-                graph = backend.capture_end(stream)   # a failed capture still leaves capture mode
-            self.graphs.append(graph)
-        self._turn = 0
-
-    def launch(self, stream: Any) -> None:
-        graph = self.graphs[self._turn]
-        self._turn = (self._turn + 1) % len(self.graphs)
-        graph.launch(stream)
-
-
 _CACHE: Dict[str, Any] = {}
 
 

@@ -23,7 +23,7 @@ from ..errors import ArenaError, UsageError
 from ..plan import CAT, Plan, build_plan
 from ..reference import Reference
 from . import memory
-from .backend import GraphReplay, get_backend
+from .backend import get_backend
 from .kernels import KernelSet
 from .ops import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec,
                   storage_dtype, to_device)
@@ -299,12 +299,6 @@ class GpuExecutor:
             args = L.args if same and (step is None or L.step_pos is None) else L.args_for(
                 tp, None if step is None else (self.x_ptr, *step))
             L.fn.launch(L.grid, L.block, args, L.smem, stream)
-
-    def graph(self, stream: Any, t_idx_ptr: Optional[int] = None) -> GraphReplay:
-        """One U-Net call (as run(stream, t_idx_ptr)) as a CUDA graph for repeated replays
-        (`.launch(stream)`), once the weights have landed."""
-        self.wait_weights(stream)
-        return GraphReplay(self.backend, stream, lambda s: self.run(s, t_idx_ptr))
 
     def launch_op(self, name: str, stream: Any = None) -> None:
         """Run the one kernel that computes tensor `name` (per-op tests and debugging)."""

@@ -8,7 +8,7 @@ cpu (the seed design): each step runs the U-Net on a compute stream, copies eps 
     biases of all T timesteps are computed once per load (see executor.py).
 gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (final_conv); one
     CUDA graph holds a whole step (advance_step on a branch beside init_conv, then the U-Net) and is
-    replayed for every step (two copies of it in turn: backend.GraphReplay), because the kernels read the step number from device memory. Images
+    replayed for every step, because the kernels read the step number from device memory. Images
     equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is either drawn
     on the CPU and uploaded in chunks on the copy stream while earlier steps run (noise="host"), or
     drawn on the GPU by runtime.gpu.noise on a side stream, x_T straight into the executor's input
@@ -28,7 +28,6 @@ from ..errors import NoiseUnsupported, RuntimeErrorBase, UsageError, stderr_noti
 from ..schedule import NoiseStream, Step, p_sample
 from ..trace import Timeline
 from . import memory
-from .backend import GraphReplay
 from .executor import GpuExecutor
 from .noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise, draw_rows
 
@@ -236,10 +235,11 @@ class GpuSampler:
 
     def _capture(self, stream: Any) -> None:
         """The step graph, captured after the first step was enqueued with plain launches: those
-        wait per op for the early-start weight upload, which a graph must not capture. Two copies,
-        replayed in turn (GraphReplay: ~10 us per step less than one exec relaunched)."""
+        wait per op for the early-start weight upload, which a graph must not capture."""
         self.executors[0].wait_weights(stream)
-        self._graph = GraphReplay(self.backend, stream, self._enqueue_step)
+        self.backend.capture_begin(stream)
+        self._enqueue_step(stream)
+        self._graph = self.backend.capture_end(stream)
 
     def _enqueue_step(self, stream: Any) -> None:
         """One step: advance_step (on the side branch GpuExecutor.run joins before the first op that
