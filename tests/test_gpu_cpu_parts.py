@@ -217,3 +217,13 @@ def test_images_past_the_kernels_division_range_are_refused():
         else:
             with pytest.raises(ConfigError, match="4194304 pixels per sample"):
                 ops.kernel_kind(gemm[0], plan)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 16])
+def test_device_noise_stream_by_batch(batch):
+    """Device noise is drawn on the compute stream up to NOISE_INLINE_MAX_BATCH, beside it above."""
+    from runtime.gpu.sampling import NOISE_INLINE_MAX_BATCH, GpuSampler
+    s = GpuSampler(W(UNetConfig()), "fp16", batch, mode="gpu", backend=FakeBackend(), noise="device")
+    assert (s.side is s.compute[0]) == (batch <= NOISE_INLINE_MAX_BATCH)
+    assert len(s.streams) == len({id(x) for x in s.streams}), "each stream once"
+    s.close()

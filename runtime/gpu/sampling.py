@@ -11,7 +11,8 @@ gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (fi
     replayed for every step, because the kernels read the step number from device memory. Images
     equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is either drawn
     on the CPU and uploaded in chunks on the copy stream while earlier steps run (noise="host"), or
-    drawn on the GPU by runtime.gpu.noise on a side stream, x_T straight into the executor's input
+    drawn on the GPU by runtime.gpu.noise (between steps at batch <= 2, else on a side stream beside
+    them: NOISE_INLINE_MAX_BATCH), x_T straight into the executor's input
     and each row ahead of the step that reads it (noise="device"; a run whose device draws raised a
     flag is redrawn on the host, so the images are always the spec's stream).
 """
@@ -33,6 +34,13 @@ from .noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise, draw_rows
 
 MODES = ("gpu", "cpu")
 NOISE_CHUNK = 8            # steps of noise per upload in gpu mode; device noise: rows drawn ahead
+# Device noise is drawn on the compute stream, between steps, up to this batch, and on a side stream
+# beside the steps above it. On an H100 (docs/perf-notes.md session 14) the side stream's draws beside
+# the step graph put the process in a state where every U-Net kernel launch took ~0.2 us longer for
+# good (a batch-1 call 401 -> 421 us), which their overlap does not repay at batch 1 and 2: per step
+# 439.8 -> 423.4 us at batch 1, 532.4 -> 527.1 at 2; at 4, 8 and 16 the draws' own time (~60-140 us
+# each) outweighs it (626.4 -> 636.1, 815.2 -> 860.2, 1127.2 -> 1238.2 us on the compute stream).
+NOISE_INLINE_MAX_BATCH = 2
 Callback = Callable[[int, int], None]
 
 
@@ -79,7 +87,9 @@ class GpuSampler:
         self.compute = [self.backend.stream() for _ in halves]
         self.copy = self.backend.stream()
         self.noise, self.notice = noise, notice
-        self.side = self.backend.stream() if noise == "device" else None   # device noise draws
+        self.side = None   # device noise draws: the compute stream up to NOISE_INLINE_MAX_BATCH, else a side stream
+        if noise == "device":
+            self.side = self.compute[0] if self.batch <= NOISE_INLINE_MAX_BATCH else self.backend.stream()
         self._dnoise: Optional[DeviceNoise] = None
         self._host_noise: Optional[np.ndarray] = None
         self._graph: Any = None
@@ -101,7 +111,7 @@ class GpuSampler:
 
     @property
     def streams(self) -> List[Any]:
-        return self.compute + [self.copy] + [s for s in (self.side, self._branch) if s is not None]
+        return self.compute + [self.copy] + [s for s in (self.side, self._branch) if s is not None and s not in self.compute]
 
     def close(self) -> None:
         for s in self.streams:
@@ -351,10 +361,11 @@ class _HostFeed:
 
 
 class _DeviceFeed:
-    """Device noise on the side stream: x_T into the executor's input (NHWC), then the rows, each
+    """Device noise on sampler.side (the compute stream itself at small batches, see
+    NOISE_INLINE_MAX_BATCH): x_T into the executor's input (NHWC), then the rows, each
     drawn at least NOISE_CHUNK rows ahead of the step that reads it, in draws of doubling size (1,
-    1, 2, 4, ... rows, at most the generator's capacity): a draw costs mostly a fixed ~60 us of one
-    SM on an H100, beside the steps, so 8 draws at batch 1 instead of 99. The compute stream waits
+    1, 2, 4, ... rows, at most the generator's capacity): a draw costs mostly a fixed ~60 us on an
+    H100, so 8 draws at batch 1 instead of 99. The compute stream waits
     on a draw's event between graph replays, never inside the captured step."""
 
     def __init__(self, sampler: GpuSampler, seed: int, n_rows: int, s0: Any) -> None:
@@ -376,7 +387,7 @@ class _DeviceFeed:
             self.waited = need
 
     def after_step(self, need: int) -> None:
-        """With the step enqueued: rows up to NOISE_CHUNK past it, on the side stream."""
+        """With the step enqueued: rows up to NOISE_CHUNK past it, on sampler.side."""
         self._draw(need + NOISE_CHUNK)
 
     def _draw(self, upto: int) -> None:

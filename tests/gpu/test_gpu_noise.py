@@ -102,11 +102,12 @@ def test_ambiguity_hook_raises_the_flag(backend, module, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False])
-def test_sampler_device_noise_gives_the_host_noise_images(backend, weights, graphs):
+@pytest.mark.parametrize("batch", [2, 3])   # device draws on the compute stream, then beside it (NOISE_INLINE_MAX_BATCH)
+def test_sampler_device_noise_gives_the_host_noise_images(backend, weights, graphs, batch):
     steps = make_steps(weights.config.schedule, "ddpm")
     out = {}
     for noise in ("host", "device"):
-        s = GpuSampler(weights, "fp16", 2, mode="gpu", graphs=graphs, backend=backend, noise=noise)
+        s = GpuSampler(weights, "fp16", batch, mode="gpu", graphs=graphs, backend=backend, noise=noise)
         try:
             out[noise] = s.run(steps, seed=5)
             out[noise + "2"] = s.run(steps, seed=6)   # a second run reseeds
