@@ -11,7 +11,9 @@ the same weights and the same noise (their loop runs the same affine step on the
 noise uploaded before the clock starts, which favours them). Setup (compile + weight upload) is
 reported separately and excluded from the per-image figures. Each figure is the median of
 --repeat timed runs after one warm-up run and then peers.SETTLE_S seconds of runs (every runner,
-ours and the peers alike).
+ours and the peers alike). The first runner of the first batch is the only one measured in a fresh
+process, as jetson-sample runs: later runners inherit the state earlier ones leave (see the
+comment at first_step_ms).
 """
 from __future__ import annotations
 
@@ -102,8 +104,6 @@ def main() -> int:
     steps = make_steps(weights.config.schedule, "ddpm")
     be = get_backend("cupy")
     rows, results = [], {"device": be.device_name(), "precision": args.precision, "steps": len(steps), "runs": []}
-    results["first_step_ms"] = {k: time_to_first_step(weights, args.precision, early)
-                                for k, early in (("blocking", False), ("early_start", True))}
     for b in args.batch:
         ref = None
         runners = [(f"ours gpu+graph{' dev-noise' if nz == 'device' else ''}", "gpu", True, nz) for nz in args.noise]
@@ -122,6 +122,10 @@ def main() -> int:
                     rows.append((b, name, st))
             except ImportError as e:
                 print(f"torch peers skipped: {e}", file=sys.stderr)
+    # last: its executors launch the U-Net's kernels directly from several streams, which leaves the
+    # process's later U-Net graphs ~0.2 us per launch slower on an H100 (docs/perf-notes.md session 14)
+    results["first_step_ms"] = {k: time_to_first_step(weights, args.precision, early)
+                                for k, early in (("blocking", False), ("early_start", True))}
     print(f"device {results['device']}, {len(steps)}-step DDPM, {args.precision}, median of {args.repeat}")
     print(f"{'batch':>5} {'runner':<26} {'s/image':>9} {'img/s':>8} {'GPU ms/step':>11} {'CPU ms/step':>11} "
           f"{'busy':>5} {'setup s':>7} {'PSNR':>6}")
