@@ -9,7 +9,10 @@ torch.compile(mode="reduce-overhead") fp16 on the same weights, side by side.
 Timing: CUDA events around `iters` back-to-back calls after `warmup` calls and then peers.SETTLE_S
 seconds of calls (the same for the torch peers); the figure is the mean
 per call over that window, repeated `repeats` times and the median reported (METHOD: warm up,
-many calls, events, median). Inputs are random (never zeros).
+many calls, events, median). Inputs are random (never zeros). Only the first configuration of a
+run is measured in a fresh process: on an H100 an executor's direct launches from its own stream
+left the process's later U-Net launches ~0.2 us slower each (docs/perf-notes.md session 14), so
+the README's figures come from `--precisions fp16` with batch 1 first.
 
 --variants: the GEMM conv family per run, as $JETSON_UNET_CONV_STAGES would pick it (0: the
 register-staged conv_gemm; n: the cp.async conv of kernels/conv_pipe.cu with n stages, 3 by default);

@@ -111,7 +111,8 @@ class GpuSampler:
 
     @property
     def streams(self) -> List[Any]:
-        return self.compute + [self.copy] + [s for s in (self.side, self._branch) if s is not None and s not in self.compute]
+        extra = [s for s in (self.side, self._branch) if s is not None and s not in self.compute]
+        return self.compute + [self.copy] + extra
 
     def close(self) -> None:
         for s in self.streams:

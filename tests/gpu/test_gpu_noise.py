@@ -102,7 +102,7 @@ def test_ambiguity_hook_raises_the_flag(backend, module, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False])
-@pytest.mark.parametrize("batch", [2, 3])   # device draws on the compute stream, then beside it (NOISE_INLINE_MAX_BATCH)
+@pytest.mark.parametrize("batch", [2, 3])   # draws between the steps, then beside them (NOISE_INLINE_MAX_BATCH)
 def test_sampler_device_noise_gives_the_host_noise_images(backend, weights, graphs, batch):
     steps = make_steps(weights.config.schedule, "ddpm")
     out = {}
