@@ -208,11 +208,11 @@ class NumpyEngine:
 
 
 class GpuEngine:
-    def __init__(self, weights: Any, cfg: BenchConfig, backend: Any) -> None:
+    def __init__(self, weights: Any, cfg: BenchConfig, backend: Any, stream: Any = None) -> None:
         from .gpu.sampling import GpuSampler
         self.backend = backend
         self.sampler = GpuSampler(weights, cfg.precision, cfg.batch, cfg.mode, cfg.graphs, backend=backend,
-                                  noise=cfg.noise)
+                                  noise=cfg.noise, stream=stream)
 
     def run(self, steps: list, seed: int, timeline: Any = None) -> Any:
         return to_uint8(self.sampler.run(steps, seed, None, timeline))
@@ -253,12 +253,13 @@ def measure_run(eng: Any, steps: list, cfg: BenchConfig, i: int, args: argparse.
     return rec
 
 
-def bench_config(cfg: BenchConfig, weights: Any, gpu: Any, args: argparse.Namespace, tel: Any) -> dict:
+def bench_config(cfg: BenchConfig, weights: Any, gpu: Any, args: argparse.Namespace, tel: Any,
+                 stream: Any = None) -> dict:
     steps = make_steps(weights.config.schedule, cfg.sampler, cfg.steps_arg, args.eta)
     rec: Dict[str, Any] = {"label": cfg.label, "config": asdict(cfg)}
     free0 = _free_bytes(gpu)
     t_setup = tel.mark(f"{cfg.label} | setup")
-    eng = GpuEngine(weights, cfg, gpu) if gpu is not None else NumpyEngine(weights, cfg)
+    eng = GpuEngine(weights, cfg, gpu, stream) if gpu is not None else NumpyEngine(weights, cfg)
     t_built = time.perf_counter()
     eng.wait_ready()
     t_warm = tel.mark(f"{cfg.label} | warmup")
@@ -387,8 +388,9 @@ def run_grid(grid: List[BenchConfig], weights: Any, gpu: Any, args: argparse.Nam
              notice: Notice) -> Tuple[List[dict], List[dict]]:
     """Every configuration, then the cold starts (--cold), each shared by the batch sizes."""
     configs, colds = [], {}   # type: List[dict], Dict[Tuple[Any, ...], dict]
+    stream = gpu.stream() if gpu is not None else None   # one compute stream for all, as a Pipeline keeps
     for i, cfg in enumerate(grid):
-        rec = bench_config(cfg, weights, gpu, args, tel)
+        rec = bench_config(cfg, weights, gpu, args, tel, stream)
         configs.append(rec)
         med = report.median_of(rec["runs"], "s_per_image")
         print(f"[{i + 1}/{len(grid)}] {cfg.label}: {med:.4f} s/image, setup {rec['setup_s']:.2f} s",

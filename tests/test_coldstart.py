@@ -62,6 +62,7 @@ def test_load_builds_the_gpu_engine_that_sample_then_uses(tiny_weights, fake_cup
         assert pipe._engine is eng and len(fake_cupy.builds) == 1 and len(fake_cupy.loads) == 1
         pipe.load(1)
         assert pipe._engine is not eng and pipe._engine.batch == 1 and not eng.executors, "the old one is freed"
+        assert pipe._engine.compute[0] is eng.compute[0], "one compute stream across batch sizes"
     with pytest.raises(UsageError, match="closed"):
         pipe.load(1)
 

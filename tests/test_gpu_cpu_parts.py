@@ -219,11 +219,13 @@ def test_images_past_the_kernels_division_range_are_refused():
                 ops.kernel_kind(gemm[0], plan)
 
 
-@pytest.mark.parametrize("batch", [1, 2, 3, 16])
-def test_device_noise_stream_by_batch(batch):
-    """Device noise is drawn on the compute stream up to NOISE_INLINE_MAX_BATCH, beside it above."""
-    from runtime.gpu.sampling import NOISE_INLINE_MAX_BATCH, GpuSampler
-    s = GpuSampler(W(UNetConfig()), "fp16", batch, mode="gpu", backend=FakeBackend(), noise="device")
-    assert (s.side is s.compute[0]) == (batch <= NOISE_INLINE_MAX_BATCH)
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("graphs", [True, False])
+def test_device_noise_stream(batch, graphs):
+    """Device noise is drawn on a side stream beside the steps with graphs, on the compute stream
+    between them without."""
+    from runtime.gpu.sampling import GpuSampler
+    s = GpuSampler(W(UNetConfig()), "fp16", batch, mode="gpu", graphs=graphs, backend=FakeBackend(), noise="device")
+    assert (s.side is s.compute[0]) == (not graphs)
     assert len(s.streams) == len({id(x) for x in s.streams}), "each stream once"
     s.close()

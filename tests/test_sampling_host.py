@@ -172,3 +172,29 @@ def test_device_noise_refused_falls_back_with_a_notice(monkeypatch):
 def test_noise_usage_errors(kw, needle):
     with pytest.raises(UsageError, match=needle):
         GpuSampler(W(), "fp32", 2, graphs=False, backend=FakeBackend(), **kw)
+
+
+@pytest.mark.parametrize("batch,graphs", [(2, False), (2, True), (16, False), (16, True)])
+def test_plain_launches_stay_on_the_compute_stream(monkeypatch, batch, graphs):
+    """On an H100 a few plain launches on a second stream slow every later launch of the process
+    (docs/perf-notes.md session 15): plain launches go to the compute stream only; the step's
+    advance_step branch and the side stream's noise draws run as graphs. With graphs, each distinct
+    draw is captured once and a second run replays the same draws."""
+    monkeypatch.setattr(KernelSet, "_cache", {})
+    be = FakeBackend()
+    s = GpuSampler(W(), "fp32", batch, mode="gpu", graphs=graphs, backend=be, noise="device")
+    steps = make_steps(CFG.schedule, "ddpm")
+    s.run(steps, seed=4)
+    first, n_graphs = len(be.launches), len(be.graphs)
+    s.run(steps, seed=5)
+    plain = {id(st) for st, kind in be.launch_streams if kind == "plain"}
+    assert plain == {id(s.compute[0])}, "a plain launch on another stream"
+    if graphs:
+        assert len(be.graphs) == n_graphs, "the second run captured nothing new"
+        assert {id(st) for st, kind in be.launch_streams if kind == "graph"} == {id(s.side), id(s.compute[0])}
+        be2 = be.launches
+        run1, run2 = FakeBackend(), FakeBackend()
+        run1.launches, run2.launches = be2[:first], be2[first:]
+        assert [d[:3] + d[4:] for d in noise_launches(run1) if d[0] == "draw"] == \
+            [d[:3] + d[4:] for d in noise_launches(run2) if d[0] == "draw"], "the same draws, replayed"
+    s.close()

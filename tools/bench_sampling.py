@@ -11,9 +11,8 @@ the same weights and the same noise (their loop runs the same affine step on the
 noise uploaded before the clock starts, which favours them). Setup (compile + weight upload) is
 reported separately and excluded from the per-image figures. Each figure is the median of
 --repeat timed runs after one warm-up run and then peers.SETTLE_S seconds of runs (every runner,
-ours and the peers alike). The first runner of the first batch is the only one measured in a fresh
-process, as jetson-sample runs: later runners inherit the state earlier ones leave (see the
-comment at first_step_ms).
+ours and the peers alike). Every runner is measured in a fresh process of its own, as jetson-sample
+runs (peers.in_fresh_process says why).
 """
 from __future__ import annotations
 
@@ -35,7 +34,8 @@ from runtime.trace import Timeline  # noqa: E402
 from runtime.weights import load_weights  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import settle, time_torch  # noqa: E402  (the PyTorch peer loop, shared with bench_peers.py)
+# the PyTorch peer loop, shared with bench_peers.py
+from peers import in_fresh_process, settle, time_torch  # noqa: E402
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -88,6 +88,26 @@ def time_to_first_step(weights, precision, early, repeat=5):
     return statistics.median(out)
 
 
+def _loaded(path: str):
+    weights = load_weights(path)
+    return weights, make_steps(weights.config.schedule, "ddpm")
+
+
+def ours_job(path: str, batch: int, precision: str, mode: str, graphs: bool, repeat: int, seed: int, noise: str):
+    """time_ours in a process of its own (in_fresh_process)."""
+    weights, steps = _loaded(path)
+    return time_ours(weights, steps, batch, precision, mode, graphs, repeat, seed, noise)
+
+
+def torch_job(path: str, batch: int, seed: int, compiled: bool, repeat: int):
+    weights, steps = _loaded(path)
+    return time_torch(weights, steps, batch, seed, compiled, repeat)
+
+
+def first_step_job(path: str, precision: str, early: bool) -> float:
+    return time_to_first_step(load_weights(path), precision, early)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--weights", default=str(models_dir() / "seed-unet-emoji64.npz"))
@@ -100,31 +120,28 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    weights = load_weights(args.weights)
-    steps = make_steps(weights.config.schedule, "ddpm")
-    be = get_backend("cupy")
-    rows, results = [], {"device": be.device_name(), "precision": args.precision, "steps": len(steps), "runs": []}
+    steps = make_steps(load_weights(args.weights).config.schedule, "ddpm")
+    rows, results = [], {"device": get_backend("cupy").device_name(), "precision": args.precision,
+                         "steps": len(steps), "runs": []}
     for b in args.batch:
         ref = None
         runners = [(f"ours gpu+graph{' dev-noise' if nz == 'device' else ''}", "gpu", True, nz) for nz in args.noise]
         runners += [("ours gpu", "gpu", False, "host"), ("ours cpu", "cpu", False, "host")]
         for name, mode, graphs, nz in runners:
-            x0, st = time_ours(weights, steps, b, args.precision, mode, graphs, args.repeat, args.seed, nz)
+            x0, st = in_fresh_process(ours_job, args.weights, b, args.precision, mode, graphs, args.repeat,
+                                      args.seed, nz)
             ref = x0 if ref is None else ref
             st["psnr_vs_first_db"] = psnr(x0, ref)
             rows.append((b, name, st))
         if not args.no_torch:
             try:
-                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
                 for name, compiled in (("torch eager fp16", False), ("torch.compile ro fp16", True)):
-                    x0, st = time_torch(weights, steps, b, args.seed, compiled, args.repeat)
+                    x0, st = in_fresh_process(torch_job, args.weights, b, args.seed, compiled, args.repeat)
                     st["psnr_vs_first_db"] = psnr(x0, ref)
                     rows.append((b, name, st))
             except ImportError as e:
                 print(f"torch peers skipped: {e}", file=sys.stderr)
-    # last: its executors launch the U-Net's kernels directly from several streams, which leaves the
-    # process's later U-Net graphs ~0.2 us per launch slower on an H100 (docs/perf-notes.md session 14)
-    results["first_step_ms"] = {k: time_to_first_step(weights, args.precision, early)
+    results["first_step_ms"] = {k: in_fresh_process(first_step_job, args.weights, args.precision, early)
                                 for k, early in (("blocking", False), ("early_start", True))}
     print(f"device {results['device']}, {len(steps)}-step DDPM, {args.precision}, median of {args.repeat}")
     print(f"{'batch':>5} {'runner':<26} {'s/image':>9} {'img/s':>8} {'GPU ms/step':>11} {'CPU ms/step':>11} "

@@ -9,10 +9,8 @@ torch.compile(mode="reduce-overhead") fp16 on the same weights, side by side.
 Timing: CUDA events around `iters` back-to-back calls after `warmup` calls and then peers.SETTLE_S
 seconds of calls (the same for the torch peers); the figure is the mean
 per call over that window, repeated `repeats` times and the median reported (METHOD: warm up,
-many calls, events, median). Inputs are random (never zeros). Only the first configuration of a
-run is measured in a fresh process: on an H100 an executor's direct launches from its own stream
-left the process's later U-Net launches ~0.2 us slower each (docs/perf-notes.md session 14), so
-the README's figures come from `--precisions fp16` with batch 1 first.
+many calls, events, median). Inputs are random (never zeros). Every row (each configuration of
+ours, each torch peer) is measured in a fresh process of its own (peers.in_fresh_process says why).
 
 --variants: the GEMM conv family per run, as $JETSON_UNET_CONV_STAGES would pick it (0: the
 register-staged conv_gemm; n: the cp.async conv of kernels/conv_pipe.cu with n stages, 3 by default);
@@ -40,7 +38,7 @@ from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
 from runtime.gpu.ops import DEFAULT_STAGES, STAGES_ENV  # noqa: E402
 from runtime.weights import load_weights, random_params  # noqa: E402
-from tools.peers import SETTLE_S, settle  # noqa: E402
+from tools.peers import SETTLE_S, in_fresh_process, settle  # noqa: E402
 
 
 class RandomWeights:
@@ -162,37 +160,44 @@ def per_op_times(ex, backend, reps: int = 20, windows: int = 3, only=None) -> li
     return out
 
 
-def bench_torch(weights, batch: int, args) -> list:
+def ours_row(precision: str, batch: int, args, stages: int, tiles: str) -> dict:
+    """bench_ours in a process of its own (in_fresh_process)."""
+    return bench_ours(bench_weights()[0], precision, batch, args, get_backend("cupy"), stages, tiles)
+
+
+TORCH_PEERS = ("torch eager fp16", "torch.compile reduce-overhead fp16")
+
+
+def bench_torch(batch: int, args, name: str) -> dict:
+    """One of TORCH_PEERS on the shipped (or random) weights, in a process of its own (in_fresh_process)."""
     import torch
     from tools.torch_unet import SeedUNet, load_numpy_params
+    weights = bench_weights()[0]
     cfg = weights.config
     model = SeedUNet(cfg).cuda().eval()
     load_numpy_params(model, weights.params)
     model = model.half()
     x = torch.randn(batch, cfg.channels, cfg.image_size, cfg.image_size, device="cuda", dtype=torch.float16)
     t = torch.full((batch,), 50, device="cuda", dtype=torch.long)
-    out = []
     with torch.inference_mode():
-        for name, fn in (("torch eager fp16", model),
-                         ("torch.compile reduce-overhead fp16", torch.compile(model, mode="reduce-overhead"))):
-            t0 = time.perf_counter()
-            for _ in range(3):
-                fn(x, t)                       # compile + CUDA-graph recording happen here
-            torch.cuda.synchronize()
-            warm_s = time.perf_counter() - t0
-            settle(lambda: fn(x, t), torch.cuda.synchronize, every=50)   # as ours (timed)
-            per = []
-            for _ in range(args.repeats):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                for _ in range(args.iters):
-                    fn(x, t)
-                e1.record()
-                e1.synchronize()
-                per.append(e0.elapsed_time(e1) / args.iters)
-            out.append({"impl": name, "batch": batch, "graph_ms": statistics.median(per), "warm_s": warm_s})
-            print(f"  ({name}: warm-up incl. compile {warm_s:.1f} s)", flush=True)
-    return out
+        fn = model if name == TORCH_PEERS[0] else torch.compile(model, mode="reduce-overhead")
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn(x, t)                       # compile + CUDA-graph recording happen here
+        torch.cuda.synchronize()
+        warm_s = time.perf_counter() - t0
+        settle(lambda: fn(x, t), torch.cuda.synchronize, every=50)   # as ours (timed)
+        per = []
+        for _ in range(args.repeats):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(args.iters):
+                fn(x, t)
+            e1.record()
+            e1.synchronize()
+            per.append(e0.elapsed_time(e1) / args.iters)
+        print(f"  ({name}: warm-up incl. compile {warm_s:.1f} s)", flush=True)
+        return {"impl": name, "batch": batch, "graph_ms": statistics.median(per), "warm_s": warm_s}
 
 
 def main(argv=None) -> int:
@@ -213,10 +218,8 @@ def main(argv=None) -> int:
                          "rows marked 'tuned'), builtin: the heuristic's; both: side by side (default: auto)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
-    backend = get_backend("cupy")
-    weights, which = bench_weights()
     rows = []
-    print(f"device: {backend.device_name()}  weights: {which}")
+    print(f"device: {get_backend('cupy').device_name()}  weights: {bench_weights()[1]}")
     print(f"{'impl':38s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}", flush=True)
 
     def show(new: list) -> None:   # as they come: a long torch.compile must not hide earlier rows
@@ -230,12 +233,13 @@ def main(argv=None) -> int:
         for p in args.precisions.split(","):
             for v in args.variants:
                 for t in args.tiles:
-                    show([bench_ours(weights, p, b, args, backend, v, t)])
-        if not args.no_torch:
+                    show([in_fresh_process(ours_row, p, b, args, v, t)])
+        for name in () if args.no_torch else TORCH_PEERS:
             try:
-                show(bench_torch(weights, b, args))
+                show([in_fresh_process(bench_torch, b, args, name)])
             except ImportError as e:
                 print(f"torch comparison skipped: {e}")
+                break
     for r in rows:
         if "launches" in r:
             print(f"{r['impl']} b{r['batch']}: {r['launches']} launches/call, build {r['build_s']:.1f} s, {r['arena']}")

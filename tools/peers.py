@@ -73,6 +73,18 @@ def settle(fn: Callable[[], Any], sync: Callable[[], Any], seconds: float = SETT
             return n
 
 
+def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a new Python process (spawned: none of this process's CUDA state), its result
+    back; fn must be a module-level function. On an H100 a process where a few plain kernel
+    launches went to a second stream runs every later kernel launch ~0.2 us slower for good, CUDA
+    graphs included (docs/perf-notes.md session 15), so every benchmark row, ours and the peers', is
+    measured in a process of its own, as `jetson-sample` runs one configuration."""
+    import concurrent.futures
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def _sync(device: str) -> None:
     import torch
     if str(device).startswith("cuda"):

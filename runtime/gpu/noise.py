@@ -8,6 +8,7 @@ normals per draw, enqueued on any stream with no host synchronization.
     dn.draw(out_ptr, stream, rows=5)           # the next 5 rows at once (= 5 draws, one set of launches)
     dn.draw(x_ptr, stream, nhwc=(C, H * W))    # the same stream scattered to NHWC (the executor's x)
     dn.flags(stream)                           # after the work: 0, or NOISE_* bits (redraw on the host)
+    DeviceNoise(backend, n, module, graphs=True)  # each distinct draw captured once, then a graph launch
     dn.state(stream)                           # the generator's state as NumPy's state dict
 
 Flags: FLAG_AMBIGUOUS, a libm-dependent comparison was too close to call (about one draw in 1e9);
@@ -77,7 +78,7 @@ class DeviceNoise:
 
     window_log2 = WINDOW_LOG2    # test hook: a wide window flags most draws (exercises the host redraw)
 
-    def __init__(self, backend: Any, n: int, module: Any = None, rows: int = 1) -> None:
+    def __init__(self, backend: Any, n: int, module: Any = None, rows: int = 1, graphs: bool = False) -> None:
         self.mode, self.exact = numpy_noise_mode()
         if not 1 <= n * rows < 1 << 30:
             raise ValueError(f"device noise draws hold 1 .. 2^30 normals, got {rows} rows of {n}")
@@ -95,6 +96,10 @@ class DeviceNoise:
         self.ptr = {k: np.uint64(self._buf.ptr + o) for k, o in offs.items()}
         self._up = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)     # seed() writes it
         self._down = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)   # flags() / state() read it
+        # graphs: a draw's three launches are captured once per (out, layout, rows) and replayed. On
+        # an H100, a few plain launches on a second stream leave every later kernel launch of the
+        # process ~0.2 us slower; graph launches there do not (docs/perf-notes.md session 15).
+        self._graphs: Optional[dict] = {} if graphs and getattr(backend, "supports_graphs", True) else None
 
     def seed(self, seed: int, stream: Any) -> None:
         """Start PCG64(seed)'s stream (the spec's generator), flags cleared."""
@@ -117,6 +122,18 @@ class DeviceNoise:
             raise ValueError(f"a draw of {rows} rows from a generator sized for 1 .. {self.rows}")
         if c and self.n % (c * hw):
             raise ValueError(f"{self.n} normals are not whole images of {c} x {hw}")
+        if self._graphs is not None:
+            key = (int(out_ptr), c, hw, rows)
+            g = self._graphs.get(key)
+            if g is None:
+                self.backend.capture_begin(stream)
+                self._launch(out_ptr, stream, c, hw, rows)
+                g = self._graphs[key] = self.backend.capture_end(stream)
+            g.launch(stream)
+        else:
+            self._launch(out_ptr, stream, c, hw, rows)
+
+    def _launch(self, out_ptr: int, stream: Any, c: int, hw: int, rows: int) -> None:
         W, groups, cap = self._sizes(rows)
         p, G = self.ptr, np.int32(groups)
         out, layout = np.uint64(out_ptr), (np.int32(c), np.int32(hw))
@@ -144,6 +161,7 @@ class DeviceNoise:
         return unpack_state(self._read(stream))
 
     def close(self) -> None:
+        self._graphs = {} if self._graphs is not None else None
         if self._buf is not None:
             self._buf.free()
             self._buf = None

@@ -11,10 +11,17 @@ gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (fi
     replayed for every step, because the kernels read the step number from device memory. Images
     equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is either drawn
     on the CPU and uploaded in chunks on the copy stream while earlier steps run (noise="host"), or
-    drawn on the GPU by runtime.gpu.noise (between steps at batch <= 2, else on a side stream beside
-    them: NOISE_INLINE_MAX_BATCH), x_T straight into the executor's input
-    and each row ahead of the step that reads it (noise="device"; a run whose device draws raised a
-    flag is redrawn on the host, so the images are always the spec's stream).
+    drawn on the GPU by runtime.gpu.noise (on a side stream beside the steps, each draw a CUDA
+    graph; without graphs, between the steps), x_T straight into the executor's input and each row
+    ahead of the step that reads it (noise="device"; a run whose device draws raised a flag is
+    redrawn on the host, so the images are always the spec's stream).
+Streams: in gpu mode, plain (non-graph) kernel launches go to the compute stream only (cpu mode's
+    ping-pong launches its second half-batch on a second stream, and pays for it). On an H100 a process in
+    which a few plain launches went to a second stream runs every later kernel launch ~0.2 us
+    slower for good, graphs included (a batch-1 U-Net call 400 -> 427 us); graph launches on other
+    streams do not do that (docs/perf-notes.md session 15). So the side stream's draws are graphs,
+    advance_step's branch exists only inside the step graph, and a Pipeline keeps one compute
+    stream for all its samplers.
 """
 from __future__ import annotations
 
@@ -34,13 +41,6 @@ from .noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise, draw_rows
 
 MODES = ("gpu", "cpu")
 NOISE_CHUNK = 8            # steps of noise per upload in gpu mode; device noise: rows drawn ahead
-# Device noise is drawn on the compute stream, between steps, up to this batch, and on a side stream
-# beside the steps above it. On an H100 (docs/perf-notes.md session 14) the side stream's draws beside
-# the step graph put the process in a state where every U-Net kernel launch took ~0.2 us longer for
-# good (a batch-1 call 401 -> 421 us), which their overlap does not repay at batch 1 and 2: per step
-# 439.8 -> 423.4 us at batch 1, 532.4 -> 527.1 at 2; at 4, 8 and 16 the draws' own time (~60-140 us
-# each) outweighs it (626.4 -> 636.1, 815.2 -> 860.2, 1127.2 -> 1238.2 us on the compute stream).
-NOISE_INLINE_MAX_BATCH = 2
 Callback = Callable[[int, int], None]
 
 
@@ -70,7 +70,8 @@ class GpuSampler:
     """Owns the executors (one, or two half-batch ones in cpu ping-pong) and their streams."""
 
     def __init__(self, weights: Any, precision: str, batch: int, mode: str = "gpu", graphs: bool = True,
-                 backend: Any = None, noise: str = "host", notice: Callable[[str], None] = stderr_notice) -> None:
+                 backend: Any = None, noise: str = "host", notice: Callable[[str], None] = stderr_notice,
+                 stream: Any = None) -> None:
         if mode not in MODES:
             raise UsageError(f"unknown GPU sampling mode {mode!r} (choose from {', '.join(MODES)})")
         if noise not in NOISE_SOURCES:
@@ -84,12 +85,14 @@ class GpuSampler:
         halves = [batch] if mode == "gpu" or batch < 2 else [batch - batch // 2, batch // 2]
         self.executors = [GpuExecutor(weights, precision, b, self.backend) for b in halves]
         self.config = weights.config
-        self.compute = [self.backend.stream() for _ in halves]
+        # stream: the compute stream, given by a caller that keeps one across samplers (Pipeline,
+        # jetson-bench): plain launches on more than one stream slow a process's later launches
+        self.compute = [stream or self.backend.stream()] + [self.backend.stream() for _ in halves[1:]]
         self.copy = self.backend.stream()
         self.noise, self.notice = noise, notice
-        self.side = None   # device noise draws: the compute stream up to NOISE_INLINE_MAX_BATCH, else a side stream
-        if noise == "device":
-            self.side = self.compute[0] if self.batch <= NOISE_INLINE_MAX_BATCH else self.backend.stream()
+        self.side = None   # device noise draws: beside the steps as graphs, else between them
+        if noise == "device":   # (H100, side vs between, s/image: b1 0.0414 / 0.0420, b16 0.00684 / 0.00768)
+            self.side = self.backend.stream() if self.graphs else self.compute[0]
         self._dnoise: Optional[DeviceNoise] = None
         self._host_noise: Optional[np.ndarray] = None
         self._graph: Any = None
@@ -229,7 +232,7 @@ class GpuSampler:
         self._fork, self._join = be.event(timing=False), be.event(timing=False)
         if self.noise == "device":
             try:
-                self._dnoise = DeviceNoise(be, n, mod, rows=draw_rows(n, T))
+                self._dnoise = DeviceNoise(be, n, mod, rows=draw_rows(n, T), graphs=self.graphs)
             except NoiseUnsupported as e:
                 self.notice(f"note: {e}; drawing the noise on the host")
                 self.noise = "host"
@@ -249,12 +252,14 @@ class GpuSampler:
         wait per op for the early-start weight upload, which a graph must not capture."""
         self.executors[0].wait_weights(stream)
         self.backend.capture_begin(stream)
-        self._enqueue_step(stream)
+        self._enqueue_step(stream, branch=True)
         self._graph = self.backend.capture_end(stream)
 
-    def _enqueue_step(self, stream: Any) -> None:
-        """One step: advance_step (on the side branch GpuExecutor.run joins before the first op that
-        reads t_idx), then the U-Net, whose final_conv also takes the sampling step (kernels/io.cu)."""
+    def _enqueue_step(self, stream: Any, branch: bool = False) -> None:
+        """One step: advance_step, then the U-Net, whose final_conv also takes the sampling step
+        (kernels/io.cu). In the step graph (branch) advance_step sits on a side branch that
+        GpuExecutor.run joins before the first op that reads t_idx; plain launches stay on `stream`
+        (see the module's docstring on streams)."""
         ex, o = self.executors[0], self._off
 
         def advance(side: Any) -> None:   # n_steps = T, not this run's step count: the graph serves every run
@@ -263,7 +268,9 @@ class GpuSampler:
                 np.uint64(o["coef"]), np.uint64(o["noise_row"]), np.int32(self.batch),
                 np.int32(self.config.timesteps)), 0, side)
 
-        ex.run(stream, ex.t_idx_ptr, t_writer=(self._branch, self._fork, self._join, advance),
+        if not branch:
+            advance(stream)
+        ex.run(stream, ex.t_idx_ptr, t_writer=(self._branch, self._fork, self._join, advance) if branch else None,
                step=(o["noise"], o["cur"]))
 
     def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline,
@@ -362,8 +369,8 @@ class _HostFeed:
 
 
 class _DeviceFeed:
-    """Device noise on sampler.side (the compute stream itself at small batches, see
-    NOISE_INLINE_MAX_BATCH): x_T into the executor's input (NHWC), then the rows, each
+    """Device noise on sampler.side (the compute stream itself without graphs): x_T into the
+    executor's input (NHWC), then the rows, each
     drawn at least NOISE_CHUNK rows ahead of the step that reads it, in draws of doubling size (1,
     1, 2, 4, ... rows, at most the generator's capacity): a draw costs mostly a fixed ~60 us on an
     H100, so 8 draws at batch 1 instead of 99. The compute stream waits

@@ -51,7 +51,7 @@ class CubinBackend(FakeBackend):
         self.loads.append(Path(path))
         if Path(path).name in self.refuse:
             raise KernelCompileError(str(path), (), "CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid")
-        return FakeModule(self.launches)
+        return FakeModule(self.launches, self)
 
 
 

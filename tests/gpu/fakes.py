@@ -15,8 +15,8 @@ class FakeBuffer:
 
 
 class FakeFunction:
-    def __init__(self, log: List[Any], symbol: str) -> None:
-        self.log, self.symbol = log, symbol
+    def __init__(self, log: List[Any], symbol: str, backend: Any = None) -> None:
+        self.log, self.symbol, self.backend = log, symbol, backend
         self.max_dynamic_shared = 48 * 1024
 
     def set_max_dynamic_shared(self, nbytes: int) -> None:
@@ -26,15 +26,33 @@ class FakeFunction:
                shared_mem: int = 0, stream: Any = None) -> None:
         if shared_mem > self.max_dynamic_shared:   # as the driver: no launch past the opt-in
             raise RuntimeError(f"{self.symbol}: {shared_mem} B of dynamic smem > {self.max_dynamic_shared}")
-        self.log.append((self.symbol, grid, block, args, shared_mem))
+        entry = (self.symbol, grid, block, args, shared_mem)
+        be = self.backend
+        if be is not None and stream in be.capturing:   # captured: logged when the graph is launched
+            be.capturing[stream].append(entry)
+            return
+        self.log.append(entry)
+        if be is not None:
+            be.launch_streams.append((stream, "plain"))
+
+
+class FakeGraph:
+    """A captured sequence of launches: each launch logs them again, on the stream it is launched on."""
+
+    def __init__(self, backend: "FakeBackend", entries: List[Any]) -> None:
+        self.backend, self.entries = backend, entries
+
+    def launch(self, stream: Any) -> None:
+        self.backend.launches.extend(self.entries)
+        self.backend.launch_streams.extend((stream, "graph") for _ in self.entries)
 
 
 class FakeModule:
-    def __init__(self, log: List[Any]) -> None:
-        self.log = log
+    def __init__(self, log: List[Any], backend: Any = None) -> None:
+        self.log, self.backend = log, backend
 
     def get(self, symbol: str) -> FakeFunction:
-        return FakeFunction(self.log, symbol)
+        return FakeFunction(self.log, symbol, self.backend)
 
 
 class FakeStream:
@@ -43,8 +61,10 @@ class FakeStream:
 
 
 class FakeEvent:
+    stream: Any = None
+
     def record(self, stream: Any) -> None:
-        pass
+        self.stream = stream
 
     def synchronize(self) -> None:
         pass
@@ -61,6 +81,9 @@ class FakeBackend:
         self.allocs: List[FakeBuffer] = []
         self.copies: List[Tuple[int, int]] = []
         self.waits: List[Any] = []
+        self.launch_streams: List[Tuple[Any, str]] = []   # per entry of launches: (stream, "plain" | "graph")
+        self.capturing: dict = {}                         # stream -> launches captured so far
+        self.graphs: List[FakeGraph] = []
 
     def arch(self) -> int:
         return self._arch
@@ -94,10 +117,24 @@ class FakeBackend:
 
     def wait(self, stream: Any, event: FakeEvent) -> None:
         self.waits.append(event)
+        if getattr(event, "stream", None) in self.capturing:   # a fork: the waiting stream joins the capture, as in CUDA
+            self.capturing[stream] = self.capturing[event.stream]
 
     def d2h(self, host: np.ndarray, src: int, stream: Any) -> None:
         pass
 
     def compile(self, source: str, name: str, options: Tuple[str, ...], symbols: Sequence[str] = ()) -> FakeModule:
         self.compiled.append((source, options, tuple(symbols)))
-        return FakeModule(self.launches)
+        return FakeModule(self.launches, self)
+
+    def capture_begin(self, stream: Any) -> None:
+        assert stream not in self.capturing, "a stream captured twice at once"
+        self.capturing[stream] = []
+
+    def capture_end(self, stream: Any) -> FakeGraph:
+        entries = self.capturing.pop(stream)
+        for joined in [k for k, v in self.capturing.items() if v is entries]:
+            del self.capturing[joined]
+        g = FakeGraph(self, entries)
+        self.graphs.append(g)
+        return g

@@ -1,8 +1,8 @@
 """Device noise (kernels/noise.cu through runtime.gpu.noise.DeviceNoise) on the GPU against NumPy's
 standard_normal(float32): rows bit for bit at batch 1 and 16 sizes for several seeds, 100
-consecutive rows, NaN-poisoned outputs, NHWC, the generator state after them, flags clear; the
-ambiguity hook raises the flag; the sampler's device noise gives the host noise's images, also when a
-flagged run is redrawn on the host."""
+consecutive rows, NaN-poisoned outputs, NHWC, the generator state after them, flags clear, draws
+replayed as CUDA graphs; the ambiguity hook raises the flag; the sampler's device noise gives the
+host noise's images, also when a flagged run is redrawn on the host."""
 from __future__ import annotations
 
 import numpy as np
@@ -94,6 +94,32 @@ def test_nhwc_rows(backend, module):
 
 
 @pytest.mark.gpu
+def test_graph_draws_replay_the_stream(backend, module):
+    """graphs=True: each distinct draw is captured once; reseeded, the replays draw the new seed's
+    stream (one row, then two at once)."""
+    n = 16 * IMAGE
+    dn, s = DeviceNoise(backend, n, module, rows=2, graphs=True), backend.stream()
+    buf = backend.alloc(4 * n * 3)
+    host = backend.pinned((3, n), np.float32)
+    try:
+        for seed in (4, 9):
+            host[...] = np.nan
+            backend.h2d(buf.ptr, host, s)
+            dn.seed(seed, s)
+            dn.draw(buf.ptr, s)
+            dn.draw(buf.ptr + 4 * n, s, rows=2)
+            backend.d2h(host, buf.ptr, s)
+            flags = dn.flags(s)
+            want = np.random.Generator(np.random.PCG64(seed)).standard_normal(3 * n, dtype=np.float32)
+            assert_bits(np.array(host).reshape(-1), want, f"seed {seed}")
+            assert flags == 0
+        assert len(dn._graphs) == 2
+    finally:
+        dn.close()
+        buf.free()
+
+
+@pytest.mark.gpu
 def test_ambiguity_hook_raises_the_flag(backend, module, monkeypatch):
     monkeypatch.setattr(DeviceNoise, "window_log2", 45)
     _, flags, _, _ = device_rows(backend, module, IMAGE, 0, rows=1)
@@ -102,7 +128,7 @@ def test_ambiguity_hook_raises_the_flag(backend, module, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False])
-@pytest.mark.parametrize("batch", [2, 3])   # draws between the steps, then beside them (NOISE_INLINE_MAX_BATCH)
+@pytest.mark.parametrize("batch", [2, 3])
 def test_sampler_device_noise_gives_the_host_noise_images(backend, weights, graphs, batch):
     steps = make_steps(weights.config.schedule, "ddpm")
     out = {}
