@@ -171,16 +171,14 @@ TORCH_PEERS = ("torch eager fp16", "torch.compile reduce-overhead fp16")
 def bench_torch(batch: int, args, name: str) -> dict:
     """One of TORCH_PEERS on the shipped (or random) weights, in a process of its own (in_fresh_process)."""
     import torch
-    from tools.torch_unet import SeedUNet, load_numpy_params
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # peers' `import torch_unet`
+    from tools.peers import torch_model
     weights = bench_weights()[0]
     cfg = weights.config
-    model = SeedUNet(cfg).cuda().eval()
-    load_numpy_params(model, weights.params)
-    model = model.half()
+    fn, _ = torch_model(weights, "fp16", None if name == TORCH_PEERS[0] else "reduce-overhead")
     x = torch.randn(batch, cfg.channels, cfg.image_size, cfg.image_size, device="cuda", dtype=torch.float16)
     t = torch.full((batch,), 50, device="cuda", dtype=torch.long)
     with torch.inference_mode():
-        fn = model if name == TORCH_PEERS[0] else torch.compile(model, mode="reduce-overhead")
         t0 = time.perf_counter()
         for _ in range(3):
             fn(x, t)                       # compile + CUDA-graph recording happen here
