@@ -12,7 +12,8 @@ timed as a CUDA-graph replay (tools/bench_unet.py), and the gpu sampling mode wi
 eps on the same x and t must be within 1e-2 for fp16 and 1e-3 for fp32 (both sides accumulate in
 fp32; the fp32 bound leaves room for a different summation order through ~75 layers). The loop's
 x_0 is compared too (relative L2, PSNR), for information only: 100 steps amplify rounding.
-Ratios are peer / ours: above 1 means we are faster. Needs the `train` extra (torch) and CuPy.
+Ratios are peer / ours: above 1 means we are faster. Each precision of ours and each peer runs in a
+fresh process of its own. Needs the `train` extra (torch) and CuPy.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_sampling import psnr, time_ours  # noqa: E402
 from bench_unet import RandomWeights, bench_ours  # noqa: E402
-from peers import PEERS, peer_call, peer_sampling, strict_fp32, torch_model  # noqa: E402
+from peers import PEERS, in_fresh_process, peer_call, peer_sampling, strict_fp32, torch_model  # noqa: E402
 
 from runtime import models_dir  # noqa: E402
 from runtime.config import UNetConfig  # noqa: E402
@@ -48,64 +49,69 @@ def one_line(e: BaseException) -> str:
     return type(e).__name__ + (": " + lines[0][:200] if lines else "")
 
 
-def ours_call(weights: Any, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, backend: Any) -> Dict[str, dict]:
-    """Per precision: our eps on (x, t) and the graph-replay ms per call."""
+def _weights(path: str) -> Any:
+    return load_weights(path) if os.path.isfile(path) else RandomWeights(UNetConfig())
+
+
+def _steps(weights: Any, args: argparse.Namespace) -> list:
+    return make_steps(weights.config.schedule, args.sampler, None if args.sampler == "ddpm" else args.steps)
+
+
+def ours_job(path: str, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, precision: str, what: str) -> Any:
+    """Ours at one precision, in a process of its own, one of: "eps" on (x, t); "call", the
+    graph-replay ms per call; "loop", the gpu-mode loop's x_0 and figures."""
+    from runtime.gpu.backend import get_backend
     from runtime.gpu.executor import GpuExecutor
-    out = {}
-    timing = SimpleNamespace(warmup=args.warmup, iters=args.iters, repeats=args.repeats, per_op=0)
-    for p in ("fp32", "fp16"):
-        with GpuExecutor(weights, p, batch=args.batch, backend=backend) as ex:
-            eps = ex.eps(x, t)
-        row = bench_ours(weights, p, args.batch, timing, backend)
-        out[p] = {"eps": eps, "call_ms": row["graph_ms"], "direct_ms": row["direct_ms"]}
-    return out
+    weights, backend = _weights(path), get_backend("cupy")
+    if what == "eps":
+        with GpuExecutor(weights, precision, batch=args.batch, backend=backend) as ex:
+            return ex.eps(x, t)
+    if what == "call":
+        timing = SimpleNamespace(warmup=args.warmup, iters=args.iters, repeats=args.repeats, per_op=0)
+        row = bench_ours(weights, precision, args.batch, timing, backend)
+        return {"call_ms": row["graph_ms"], "direct_ms": row["direct_ms"]}
+    x0, st = time_ours(weights, _steps(weights, args), args.batch, precision, "gpu", True, args.repeats, args.seed)
+    return dict(st, x0=x0)
 
 
-def peers_call(weights: Any, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, ours: dict) -> List[dict]:
-    rows = []
-    ref = ours["fp32"]["eps"]
-    for name, precision, mode in PEERS:
-        row: Dict[str, Any] = {"peer": name, "precision": precision, "compile": mode}
+def peer_job(path: str, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, name: str, precision: str,
+             mode: Optional[str]) -> dict:
+    """One peer, in a process of its own: its eps and ms per call, then (unless --skip-loop) its
+    loop; a failure (e.g. torch.compile without a C compiler for Triton) comes back as a line."""
+    strict_fp32()
+    weights = _weights(path)
+    row: Dict[str, Any] = {"peer": name, "precision": precision, "compile": mode}
+    try:
+        model = torch_model(weights, precision, mode)     # compiled once, for the call and the loop
+        eps, st = peer_call(weights, x, t, precision, mode, args.warmup, args.iters, args.repeats, model=model)
+    except Exception as e:
+        row["error"] = one_line(e)
+        return row
+    row.update(st, _eps=eps)
+    if not args.skip_loop:
         try:
-            row["_model"] = torch_model(weights, precision, mode)     # compiled once, for the call and the loop
-            eps, st = peer_call(weights, x, t, precision, mode, args.warmup, args.iters, args.repeats,
-                                model=row["_model"])
-        except Exception as e:   # torch.compile needs a C compiler and Triton: report, go on
-            row["error"] = one_line(e)
-            rows.append(row)
-            continue
-        row.update(st, eps_rel_l2=rel_l2(eps, ref), ours_call_ms=ours[precision]["call_ms"])
-        row["eps_ok"] = row["eps_rel_l2"] <= EPS_TOL[precision]
-        row["call_ratio"] = row["call_ms"] / row["ours_call_ms"]
-        rows.append(row)
-    return rows
+            row["_x0"], row["_loop"] = peer_sampling(weights, _steps(weights, args), args.batch, args.seed,
+                                                     args.repeats, precision, mode, model=model)
+        except Exception as e:
+            row["loop_error"] = one_line(e)
+    return row
 
 
-def loops(weights: Any, args: argparse.Namespace, rows: List[dict]) -> Dict[str, dict]:
-    """Ours (gpu mode, graphs) at fp32 and fp16, then each peer's loop, on the same noise."""
-    sched = weights.config.schedule
-    steps = make_steps(sched, args.sampler, None if args.sampler == "ddpm" else args.steps)
-    ours = {}
-    for p in ("fp32", "fp16"):
-        x0, st = time_ours(weights, steps, args.batch, p, "gpu", True, args.repeats, args.seed)
-        ours[p] = dict(st, x0=x0)
-    ref = ours["fp32"]["x0"]
+def compare(rows: List[dict], ours: Dict[str, dict]) -> None:
+    """Each peer against ours at its precision; eps and x_0 against our fp32 ones."""
     for row in rows:
         if "error" in row:
             continue
-        try:
-            x0, st = peer_sampling(weights, steps, args.batch, args.seed, args.repeats, row["precision"],
-                                   row["compile"], model=row["_model"])
-        except Exception as e:
-            row["loop_error"] = one_line(e)
-            continue
         mine = ours[row["precision"]]
-        row.update(loop_s_per_image=st["s_per_image"], loop_warmup_s=st["warmup_s"],
-                   ours_loop_s_per_image=mine["s_per_image"], x0_rel_l2=rel_l2(x0, ref), x0_psnr_db=psnr(x0, ref))
-        row["loop_ratio"] = st["s_per_image"] / mine["s_per_image"]
-    out: Dict[str, Any] = {p: {k: v for k, v in d.items() if k != "x0"} for p, d in ours.items()}
-    out["n_steps"] = len(steps)
-    return out
+        row.update(eps_rel_l2=rel_l2(row.pop("_eps"), ours["fp32"]["eps"]), ours_call_ms=mine["call_ms"])
+        row["eps_ok"] = row["eps_rel_l2"] <= EPS_TOL[row["precision"]]
+        row["call_ratio"] = row["call_ms"] / row["ours_call_ms"]
+        if "_loop" in row:
+            st, x0, ref = row.pop("_loop"), row.pop("_x0"), ours["fp32"]["loop"]["x0"]
+            row.update(loop_s_per_image=st["s_per_image"], loop_warmup_s=st["warmup_s"],
+                       ours_loop_s_per_image=mine["loop"]["s_per_image"], x0_rel_l2=rel_l2(x0, ref),
+                       x0_psnr_db=psnr(x0, ref))
+            row["loop_ratio"] = st["s_per_image"] / mine["loop"]["s_per_image"]
 
 
 def _f(v: Optional[float], spec: str) -> str:
@@ -155,25 +161,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError as e:
         raise SystemExit(f"bench_peers: PyTorch is not importable ({e}); install the extra: pip install -e '.[train]'")
     from runtime.gpu.backend import get_backend
-    strict_fp32()
-    backend = get_backend("cupy")
+    device = get_backend("cupy").device_name()
     path = args.weights or str(models_dir() / "seed-unet-emoji64.npz")
-    weights = load_weights(path) if os.path.isfile(path) else RandomWeights(UNetConfig())
-    c = weights.config
+    c = _weights(path).config
     x = np.random.default_rng(args.seed).standard_normal((args.batch, c.channels, c.image_size, c.image_size))
     x = x.astype(np.float32)
     t = np.full((args.batch,), args.t, dtype=np.int64)
-    ours = ours_call(weights, x, t, args, backend)
-    rows = peers_call(weights, x, t, args, ours)
-    loop = {} if args.skip_loop else loops(weights, args, rows)
-    for r in rows:
-        r.pop("_model", None)
+    # every side in a process of its own (peers.in_fresh_process says why)
+    ours = {}
+    for p in ("fp32", "fp16"):
+        ours[p] = dict(eps=in_fresh_process(ours_job, path, x, t, args, p, "eps"),
+                       **in_fresh_process(ours_job, path, x, t, args, p, "call"))
+        if not args.skip_loop:
+            ours[p]["loop"] = in_fresh_process(ours_job, path, x, t, args, p, "loop")
+    rows = [in_fresh_process(peer_job, path, x, t, args, *peer) for peer in PEERS]
+    compare(rows, ours)
+    n_steps = 0 if args.skip_loop else len(_steps(_weights(path), args))
     ours_eps16 = rel_l2(ours["fp16"]["eps"], ours["fp32"]["eps"])
-    print_table(rows, ours_eps16, backend.device_name(), args, loop.get("n_steps", 0))
+    print_table(rows, ours_eps16, device, args, n_steps)
     if args.json:
-        doc = {"device": backend.device_name(), "args": vars(args), "weights": getattr(weights, "path", "random"),
-               "ours_call": {p: {k: v for k, v in d.items() if k != "eps"} for p, d in ours.items()},
-               "ours_eps16_rel_l2": ours_eps16, "ours_loop": loop, "peers": rows}
+        loop = {p: {k: v for k, v in d["loop"].items() if k != "x0"} for p, d in ours.items() if "loop" in d}
+        doc = {"device": device, "args": vars(args), "weights": path if os.path.isfile(path) else "random",
+               "ours_call": {p: {k: v for k, v in d.items() if k not in ("eps", "loop")} for p, d in ours.items()},
+               "ours_eps16_rel_l2": ours_eps16, "ours_loop": dict(loop, n_steps=n_steps), "peers": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=str)
     return 0 if all(r.get("eps_ok", True) for r in rows) else 1
