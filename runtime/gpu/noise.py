@@ -8,8 +8,8 @@ normals per draw, enqueued on any stream with no host synchronization.
     dn.draw(out_ptr, stream, rows=5)           # the next 5 rows at once (= 5 draws, one set of launches)
     dn.draw(x_ptr, stream, nhwc=(C, H * W))    # the same stream scattered to NHWC (the executor's x)
     dn.flags(stream)                           # after the work: 0, or NOISE_* bits (redraw on the host)
-    DeviceNoise(backend, n, module, graphs=True)  # each distinct draw captured once, then a graph launch
     dn.state(stream)                           # the generator's state as NumPy's state dict
+    DeviceNoise(backend, n, module, graphs=True)   # each distinct draw captured once, then graph launches
 
 Flags: FLAG_AMBIGUOUS, a libm-dependent comparison was too close to call (about one draw in 1e9);
 FLAG_SHORT, a draw needed more words than it drew (never expected). Either makes every later

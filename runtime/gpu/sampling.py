@@ -15,13 +15,13 @@ gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (fi
     graph; without graphs, between the steps), x_T straight into the executor's input and each row
     ahead of the step that reads it (noise="device"; a run whose device draws raised a flag is
     redrawn on the host, so the images are always the spec's stream).
-Streams: in gpu mode, plain (non-graph) kernel launches go to the compute stream only (cpu mode's
-    ping-pong launches its second half-batch on a second stream, and pays for it). On an H100 a process in
-    which a few plain launches went to a second stream runs every later kernel launch ~0.2 us
-    slower for good, graphs included (a batch-1 U-Net call 400 -> 427 us); graph launches on other
-    streams do not do that (docs/perf-notes.md session 15). So the side stream's draws are graphs,
-    advance_step's branch exists only inside the step graph, and a Pipeline keeps one compute
-    stream for all its samplers.
+Streams: on an H100 a process in which a few plain (non-graph) kernel launches went to a second
+    stream runs every later kernel launch ~0.2 us slower for good, graphs included (a batch-1 U-Net
+    call 400 -> 427 us); graph launches on other streams do not do that (docs/perf-notes.md session
+    15). So in gpu mode plain launches go to the compute stream only: the side stream's draws are
+    graphs, advance_step's branch exists only inside the step graph, and a Pipeline keeps one
+    compute stream for all its samplers. (cpu mode's ping-pong launches its second half-batch on a
+    second stream, and pays for it.)
 """
 from __future__ import annotations
 
@@ -370,11 +370,11 @@ class _HostFeed:
 
 class _DeviceFeed:
     """Device noise on sampler.side (the compute stream itself without graphs): x_T into the
-    executor's input (NHWC), then the rows, each
-    drawn at least NOISE_CHUNK rows ahead of the step that reads it, in draws of doubling size (1,
-    1, 2, 4, ... rows, at most the generator's capacity): a draw costs mostly a fixed ~60 us on an
-    H100, so 8 draws at batch 1 instead of 99. The compute stream waits
-    on a draw's event between graph replays, never inside the captured step."""
+    executor's input (NHWC), then the rows, each drawn at least NOISE_CHUNK rows ahead of the step
+    that reads it, in draws of doubling size (1, 1, 2, 4, ... rows, at most the generator's
+    capacity): a draw costs mostly a fixed ~60 us on an H100, so 8 draws at batch 1 instead of 99.
+    The compute stream waits on a draw's event between graph replays, never inside the captured
+    step."""
 
     def __init__(self, sampler: GpuSampler, seed: int, n_rows: int, s0: Any) -> None:
         be, ex, c, dn = sampler.backend, sampler.executors[0], sampler.config, sampler._dnoise
