@@ -170,32 +170,16 @@ TORCH_PEERS = ("torch eager fp16", "torch.compile reduce-overhead fp16")
 
 def bench_torch(batch: int, args, name: str) -> dict:
     """One of TORCH_PEERS on the shipped (or random) weights, in a process of its own (in_fresh_process)."""
-    import torch
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # peers' `import torch_unet`
-    from tools.peers import torch_model
+    from tools.peers import peer_call
     weights = bench_weights()[0]
     cfg = weights.config
-    fn, _ = torch_model(weights, "fp16", None if name == TORCH_PEERS[0] else "reduce-overhead")
-    x = torch.randn(batch, cfg.channels, cfg.image_size, cfg.image_size, device="cuda", dtype=torch.float16)
-    t = torch.full((batch,), 50, device="cuda", dtype=torch.long)
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        for _ in range(3):
-            fn(x, t)                       # compile + CUDA-graph recording happen here
-        torch.cuda.synchronize()
-        warm_s = time.perf_counter() - t0
-        settle(lambda: fn(x, t), torch.cuda.synchronize, every=50)   # as ours (timed)
-        per = []
-        for _ in range(args.repeats):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(args.iters):
-                fn(x, t)
-            e1.record()
-            e1.synchronize()
-            per.append(e0.elapsed_time(e1) / args.iters)
-        print(f"  ({name}: warm-up incl. compile {warm_s:.1f} s)", flush=True)
-        return {"impl": name, "batch": batch, "graph_ms": statistics.median(per), "warm_s": warm_s}
+    x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size))
+    t = np.full((batch,), 50, dtype=np.int64)
+    _, st = peer_call(weights, x, t, "fp16", None if name == TORCH_PEERS[0] else "reduce-overhead",
+                      args.warmup, args.iters, args.repeats)
+    print(f"  ({name}: warm-up incl. compile {st['warmup_s']:.1f} s)", flush=True)
+    return {"impl": name, "batch": batch, "graph_ms": st["call_ms"], "warm_s": st["warmup_s"]}
 
 
 def main(argv=None) -> int:
