@@ -7,7 +7,9 @@
 //              the (upsampled) grid: UP = 2 is `up2`, ST = 2 with a 2x2 "tap" is pixel_unshuffle2
 //              (the weights are reordered to (dy, dx, c) at upload so the loads stay contiguous).
 //              pre(x) = GroupNorm(1) affine of x from the producer's partial statistics; padded
-//              taps stay 0 in the normalized domain.
+//              taps stay 0 in the normalized domain. Either applied to every A vector (a table of
+//              scale/shift) or folded into the GEMM (gn_fold, the 16-bit cp.async and halo convs:
+//              see conv_gn_prologue).
 //   segment 1: Cr channels of `xr` at the output pixel: a 1x1 `residual_conv` fused as extra K
 //              columns of the same GEMM (its bias is pre-summed into `bias`), so a block's conv2 is
 //              one launch; for the gate it is residual_conv(skip).
@@ -35,58 +37,121 @@ extern __shared__ __align__(16) float dyn_smem[];
     const void *x_, int Hin, int Win, int Cin, int ldx, const void *xr_, int Cr, int ldr,     \
     const void *w_, int ldw, int nk0, int nk1, const float *bias, const float *tbias,         \
     int tb_stride, const int *t_idx, const float *gn_w, const float *gn_b,                    \
-    const float4 *gn_part, int gn_P, float gn_eps, const void *res_, int ldres, void *out_,   \
+    const float *gn_fold, const float4 *gn_part, int gn_P, float gn_eps, const void *res_, int ldres, void *out_,   \
     int Hout, int Wout, int N, int ldo, float4 *st_part, int act, const float *psi_w,         \
     float psi_b, int splits, float *ws, int *counters
 #define CONV_ARGS                                                                            \
     x_, Hin, Win, Cin, ldx, xr_, Cr, ldr, w_, ldw, nk0, nk1, bias, tbias, tb_stride, t_idx,   \
-    gn_w, gn_b, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act,   \
+    gn_w, gn_b, gn_fold, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act,   \
     psi_w, psi_b, splits, ws, counters
 
 // ---- shared pieces ------------------------------------------------------------------------------
 
-// GroupNorm(1) of the input as a per-channel scale/shift table in dynamic smem (8*Cin bytes): merge
-// the producer's partials of sample b, then scale = gn_w * rstd, shift = gn_b - mean * scale.
-// fp32: scale[Cin], shift[Cin] as floats. 16-bit: scale, shift_hi, shift_lo as S[Cin] each, for
-// packed fma (GnCoef): shift_lo holds what S cannot of the shift, so that a large mean/std ratio
-// costs no more than one rounding of the normalized value.
-// `gp`: the partials the kernel loaded at its entry (GnPrefetch); each warp merges them on its own
-// (gn_merge), so the only barrier is the one that publishes the table.
-// The affine weights of the first PF * NT channels (4: 512 channels at 128 threads) are loaded
-// before the merge, so their latency overlaps the partials' instead of following it (one exposed
-// global latency less).
-template <class D, int NT, int PF>
+// GroupNorm(1) of the input, from the producer's partials of sample b (merged by each warp on its
+// own, gn_merge: `gp` holds the partials the kernel loaded at its entry), in one of two ways:
+//
+// Table (gn_fold == nullptr): a per-channel scale/shift table in dynamic smem (8*Cin bytes), applied
+// to every A vector (GnCoef): scale = gn_w * rstd, shift = gn_b - mean * scale. fp32: scale[Cin],
+// shift[Cin] as floats. 16-bit: scale, shift_hi, shift_lo as S[Cin] each, for packed fma: shift_lo
+// holds what S cannot of the shift, so that a large mean/std ratio costs no more than one rounding
+// of the normalized value.
+//
+// Folded (gn_fold != nullptr; 16-bit only; runtime/gpu/ops.py fold_norm decides and prepares it):
+// the weights of segment 0 are W' = W * gn_w (per input channel), the bias holds bias + P with
+// P[n] = sum_k W[n][k] gn_b[c(k)], and A is the raw input, so that
+//     conv(gn(x)) = rstd * sum_k W'[n][k] xp[k]  -  mean * rstd * Q[n]  +  P[n],   Q[n] = sum_k W'[n][k]
+// holds when every padded tap reads xp = pad[c] = mean - r[c] / rstd (r = gn_b / gn_w): the value
+// whose normalization is exactly 0, as the conv's zero padding of gn(x) wants. So the in-bounds A
+// vectors are used as loaded (no pass over them: docs/perf-notes.md session 16 measured that pass
+// at ~20 us per batch-1 call and ~84 us at batch 16), the padded ones are overwritten with the pad
+// vector, the CTA scales its segment-0 sum by rstd once (scale_acc) and the epilogue adds the
+// column term -mean * rstd * Q[n] with the bias (fcol: BN + 1 floats of static smem, the column
+// term and then rstd, which the k loop reads from there: a register held across the loop made
+// ptxas spill at the 168-register cap). gn_fold holds
+// r[Cin] then Q[Npad] (Q summed from the uploaded, rounded W', so that mean * Q cancels exactly what
+// the GEMM accumulated). Dynamic smem: the pad vector table, S[Cin].
+//
+// The affine weights (or r) of the first PF * NT channels (4: 512 channels at 128 threads) and
+// the column term's Q are loaded before the merge, so their latency overlaps the partials' instead
+// of following it (one exposed global latency less). The only barrier publishes the tables.
+template <class D, int NT, int PF, int BN, bool FOLD>
 __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P, const GnPrefetch &gp, float gn_eps,
-                                                 const float *gn_w, const float *gn_b, int Cin, int b) {
-    float pw[PF], pb[PF];
+                                                 const float *gn_w, const float *gn_b, const float *gn_fold,
+                                                 float *fcol, int Cin, int b, int n0) {
+    constexpr bool fold = D::TC && FOLD;
+    constexpr int QR = (BN + NT - 1) / NT;
+    float pw[PF], pb[PF], q[QR];
 #pragma unroll
     for (int r = 0; r < PF; ++r) {
         const int c = threadIdx.x + r * NT;
-        pw[r] = c < Cin ? gn_w[c] : 0.0f;
-        pb[r] = c < Cin ? gn_b[c] : 0.0f;
+        pw[r] = c < Cin ? (fold ? gn_fold[c] : gn_w[c]) : 0.0f;
+        pb[r] = (c < Cin && !fold) ? gn_b[c] : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < QR; ++r) {   // Q is padded to Npad: in bounds for the CTA's BN columns
+        const int c = threadIdx.x + r * NT;
+        q[r] = (fold && c < BN) ? gn_fold[Cin + n0 + c] : 0.0f;
     }
     const float2 mr = gn_merge(gn_part + (size_t)b * gn_P, gn_P, gp, gn_eps);
     const float mean = mr.x, rstd = mr.y;
-    auto put = [&](int c, float w, float bb) {
-        const float s = w * rstd, sh = bb - mean * s;
-        if constexpr (D::TC) {
+    if constexpr (fold) {
+        {
             typename D::S *t = reinterpret_cast<typename D::S *>(dyn_smem);
-            const typename D::S hi = D::from_f(sh);
-            t[c] = D::from_f(s);
-            t[Cin + c] = hi;
-            t[2 * Cin + c] = D::from_f(sh - D::to_f(hi));
-        } else {
-            dyn_smem[c] = s;
-            dyn_smem[Cin + c] = sh;
-        }
-    };
+            const float sd = 1.0f / rstd;
 #pragma unroll
-    for (int r = 0; r < PF; ++r) {
-        const int c = threadIdx.x + r * NT;
-        if (c < Cin) put(c, pw[r], pb[r]);
+            for (int r = 0; r < PF; ++r) {
+                const int c = threadIdx.x + r * NT;
+                if (c < Cin) t[c] = D::from_f(fmaf(-pw[r], sd, mean));
+            }
+            for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) t[c] = D::from_f(fmaf(-gn_fold[c], sd, mean));
+            const float mrs = -mean * rstd;
+#pragma unroll
+            for (int r = 0; r < QR; ++r) {
+                const int c = threadIdx.x + r * NT;
+                if (c < BN) fcol[c] = mrs * q[r];
+            }
+            if (threadIdx.x == 0) fcol[BN] = rstd;
+        }
+    } else {
+        auto put = [&](int c, float w, float bb) {
+            const float s = w * rstd, sh = bb - mean * s;
+            if constexpr (D::TC) {
+                typename D::S *t = reinterpret_cast<typename D::S *>(dyn_smem);
+                const typename D::S hi = D::from_f(sh);
+                t[c] = D::from_f(s);
+                t[Cin + c] = hi;
+                t[2 * Cin + c] = D::from_f(sh - D::to_f(hi));
+            } else {
+                dyn_smem[c] = s;
+                dyn_smem[Cin + c] = sh;
+            }
+        };
+#pragma unroll
+        for (int r = 0; r < PF; ++r) {
+            const int c = threadIdx.x + r * NT;
+            if (c < Cin) put(c, pw[r], pb[r]);
+        }
+        for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) put(c, gn_w[c], gn_b[c]);   // wider than PF * NT
     }
-    for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) put(c, gn_w[c], gn_b[c]);   // wider than PF * NT
     __syncthreads();
+}
+
+// The folded GroupNorm's rstd on the segment-0 sum (conv_gn_prologue): a CTA calls it once, after
+// the mma of its last segment-0 k-tile (last_seg0_tile), before any residual_conv column joins the sum.
+template <int A0, int A1, int A2>
+__device__ __forceinline__ void scale_acc(float (&acc)[A0][A1][A2], float s) {
+#pragma unroll
+    for (int i = 0; i < A0; ++i)
+#pragma unroll
+        for (int j = 0; j < A1; ++j)
+#pragma unroll
+            for (int q = 0; q < A2; ++q) acc[i][j][q] *= s;
+}
+
+// Whether k-tile kt, the i-th of the CTA's ntiles, is its last of segment 0 (from values the k loop
+// holds anyway: no register of its own).
+__device__ __forceinline__ bool last_seg0_tile(int kt, int i, int ntiles, int nk0) {
+    return kt < nk0 && (kt + 1 == nk0 || i + 1 == ntiles);
 }
 
 // Bias (gates: bias and psi) of the CTA's BN output columns, loaded into registers at the start and
@@ -109,13 +174,13 @@ template <int BN, int NT, bool GATE, bool ENABLE> struct EpiloguePrefetch {
         }
     }
     __device__ __forceinline__ void publish(float *ep, const float *tbias, int tb_stride, const int *t_idx, int b,
-                                            int n0, int N) const {
+                                            int n0, int N, const float *fcol) const {
         const int row = (!GATE && tbias) ? t_idx[b] * tb_stride : 0;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int c = threadIdx.x + r * NT, n = n0 + c;
             if (c < BN) {
-                ep[c] = bias[r];
+                ep[c] = fcol ? bias[r] + fcol[c] : bias[r];   // fcol: the folded GroupNorm's column term
                 if constexpr (GATE) ep[BN + c] = psi[r];
                 else ep[BN + c] = (tbias && n < N) ? tbias[row + n] : 0.0f;
             }
@@ -267,10 +332,12 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, sadd
 // After the k loop: the split-K merge, then the epilogue (conv or gate) and the statistics.
 // acc is [MF][NF][4] (tensor cores) or [TM][TN][1] (FFMA); m-tile mt of mtiles, K split sk; `red`
 // (33 floats) is the kernel's static smem scratch for the statistics; `pre` the prefetched bias
-// and time bias.
+// and time bias; `fcol` the folded GroupNorm's column term (conv_gn_prologue), nullptr without one
+// (it needs the prefetch: EP and BN <= 128, which the host checks).
 template <class D, int BM, int BN, int WM, int WN, int VEC, int GATE, int A0, int A1, int A2, bool EP>
 __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles, int mt, int sk, float *red,
-                                            const EpiloguePrefetch<BN, 32 * WM * WN, (GATE != 0), EP> &pre, CONV_PARAMS) {
+                                            const EpiloguePrefetch<BN, 32 * WM * WN, (GATE != 0), EP> &pre,
+                                            const float *fcol, CONV_PARAMS) {
     typedef typename D::S S;
     constexpr bool TC = D::TC;
     constexpr int NT = 32 * WM * WN;
@@ -326,7 +393,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
     __shared__ float ep[ON ? 2 * BN : 1];
     const float *ebias = ep, *esecond = ep + BN;
     if constexpr (ON) {
-        pre.publish(ep, tbias, tb_stride, t_idx, b, n0, N);
+        pre.publish(ep, tbias, tb_stride, t_idx, b, n0, N, fcol);
         __syncthreads();
     } else {
         ebias = bias + n0;
@@ -509,7 +576,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     pre.load(bias, psi_w, n0);
 
     // ---- prologue: GroupNorm(1) of the input as a per-channel scale/shift -------------------------
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b);
+    if (norm) conv_gn_prologue<D, NT, 4, BN, false>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, nullptr, nullptr, Cin, b, n0);
 
     // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
     typedef ARows<BM, BK, VEC, NT> AR;
@@ -653,7 +720,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
         __syncthreads();   // one barrier: the other buffer was last read before the previous one
     }
 
-    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, nullptr, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation (cache-friendly on every CuPy version); the host

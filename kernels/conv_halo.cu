@@ -25,7 +25,7 @@
 // sum runs in another order (same terms). nk0 (= 9 * Cin / BK) + nk1 units, split-K as conv_gemm.
 //
 // Dynamic shared memory (bytes; runtime/gpu/ops.py halo_smem computes the same):
-//   [GroupNorm table 8 * Cin, when normalized; then up to 127 bytes to a 128-byte boundary]
+//   [GroupNorm table 8 * Cin (folded, FOLD: 2 * Cin), when normalized; then up to 127 bytes to a 128-byte boundary]
 //   [NH halo buffers of HR * HC pixels of PS bytes]   NH = 2 when Cin > BK (the next chunk's halo
 //        lands while this one is read), else 1; PS = 2 * BK + 16: rows 16 bytes apart in bank
 //        terms, so the 8 rows of an ldmatrix phase (8 consecutive pixels) hit distinct banks
@@ -33,10 +33,12 @@
 // Halo chunk j is issued with the first unit of chunk j in the split (STAGES - 1 units ahead of
 // its use, in the same commit group) into buffer j % NH; the buffer's previous chunk (j - 2) ended
 // 9 units earlier, so with STAGES <= 10 every warp is past it at the barrier before the issue.
-// Each thread normalizes the halo vectors it copied after its wait (padding stays 0).
+// Each thread normalizes the halo vectors it copied after its wait (padding stays 0); with the
+// GroupNorm folded (conv.cu conv_gn_prologue) it writes the pad vector over its padded ones instead,
+// and leaves the in-bounds ones as loaded.
 // sm_80+ (cp.async, ldmatrix, mma.sync); nothing of Hopper.
 
-template <class D, int BM, int BN, int BK, int WM, int WN, int UP, int STAGES>
+template <class D, int BM, int BN, int BK, int WM, int WN, int UP, int STAGES, bool FOLD>
 __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     typedef typename D::S S;
     typedef SwizzledTile<BK> L;
@@ -45,6 +47,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     static_assert(STAGES >= 2 && STAGES <= 10, "ring depth (halo buffer reuse needs <= 10)");
     static_assert(NT % KV == 0, "a thread's halo vectors share one channel group");
     __shared__ float red[33];   // block_sum scratch (the statistics epilogue)
+    __shared__ float fcol[FOLD ? BN + 1 : 1];   // the folded GroupNorm's column term, rstd (conv_gn_prologue)
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
@@ -64,7 +67,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     const u32 SLOT_B = BN * BK * 2, SLOT = SLOT_B + (nk1 > 0 ? BM * BK * 2 : 0);
     // the halo buffers start 128-byte aligned (the swizzled B slots' bank pattern assumes it)
     const saddr dyn0 = smem_u32(dyn_smem);
-    const u32 hoff = (u32)(((dyn0 + (norm ? 8u * Cin : 0u) + 127u) & ~(saddr)127) - dyn0);
+    const u32 hoff = (u32)(((dyn0 + (norm ? (FOLD ? 2u : 8u) * Cin : 0u) + 127u) & ~(saddr)127) - dyn0);
     char *halo_p = reinterpret_cast<char *>(dyn_smem) + hoff;   // generic pointer of buffer 0
     const saddr halo0 = dyn0 + hoff, ring0 = halo0 + NH * HALO;
     auto buf = [&](int j) -> u32 { return (NH == 2 && (j & 1)) ? HALO : 0u; };   // chunk j's buffer offset
@@ -74,7 +77,8 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
 
     // Halo of chunk j into buffer j % NH: the thread's pixels p = tid / KV + i * PSTEP, walked by
     // additions (no division per vector); which of them lie inside the image is kept as a bit mask
-    // (one per buffer parity: two chunks can be in flight) for the normalization after the wait.
+    // (one per buffer parity: two chunks can be in flight) for the normalization after the wait
+    // (folded: the vectors outside it, for the pad).
     u32 hmask0 = 0, hmask1 = 0;
     auto issue_halo = [&](int j) {
         const saddr h = halo0 + buf(j) + kvv * 16;
@@ -82,7 +86,8 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         int hy = 0, hx = tid / KV;
         while (hx >= HC) { hx -= HC; ++hy; }
         u32 mask = 0;
-        for (int p = tid / KV, i = 0; p < npix; p += PSTEP, ++i) {
+        int i = 0;
+        for (int p = tid / KV; p < npix; p += PSTEP, ++i) {
             const int Y = y0 - 1 + hy, X = x0 - 1 + hx;
             const bool ok = Y >= 0 && Y < Hout && X >= 0 && X < Wout;
             const S *src = ok ? xs + ((size_t)(Y / UP) * Win + X / UP) * ldx + c : wt;
@@ -91,10 +96,18 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
             hx += PSTEP;
             while (hx >= HC) { hx -= HC; ++hy; }
         }
+        if (FOLD) mask = ~mask & (i >= 32 ? ~0u : (1u << i) - 1u);   // the i vectors outside the image
         if (j & 1) hmask1 = mask; else hmask0 = mask;
     };
     auto normalize_halo = [&](int j) {
         if (!norm) return;
+        if constexpr (FOLD) {   // the pad vector over the thread's padded halo vectors
+            const Vec<S, VEC> pad = vload<S, VEC>(reinterpret_cast<const S *>(dyn_smem) + j * BK + kvv * VEC);
+            char *q = halo_p + buf(j) + kvv * 16 + (tid / KV) * PS;
+            for (u32 mask = (j & 1) ? hmask1 : hmask0; mask; mask >>= 1, q += PSTEP * PS)
+                if (mask & 1u) vstore<S, VEC>(reinterpret_cast<S *>(q), pad);
+            return;
+        }
         GnCoef<D, VEC> g;
         g.load(Cin, j * BK + kvv * VEC);
         // NN vectors per trip, all loaded before any is stored: the compiler keeps a load after the
@@ -189,7 +202,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     }
     EpiloguePrefetch<BN, NT, false, true> pre;
     pre.load(bias, psi_w, n0);
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b);
+    if (norm) conv_gn_prologue<D, NT, 4, BN, FOLD>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, gn_fold, fcol, Cin, b, n0);
 
     Pos cp = start(kb);   // the unit to compute
     int st = 0;
@@ -213,20 +226,22 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         } else {
             mma_ktile<D, MF, NF>(acc, B + SLOT_B, B, fo);
         }
+        if constexpr (FOLD)
+            if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[FOLD ? BN : 0]);
         st = st + 1 == STAGES ? 0 : st + 1;
         advance(cp);
     }
     cp_async_wait<0>();
 
-    conv_finish<D, BM, BN, WM, WN, VEC, false>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, false>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation; symbols end in _h<STAGES>. Register cap for tiles with
 // <= 32 accumulators per thread: 4 warps at 168 (3 CTAs per SM; at 128 ptxas spilled a few bytes,
 // and the halo's shared memory admits 2-4 CTAs per SM anyway), 8 warps at 128 (2 CTAs per SM).
 #define HALO_MIN_CTAS(BM, BN, WM, WN) ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((WM) * (WN) <= 4 ? 3 : 2) : 1)
-#define CONV_HALO_INSTANCE(name, D, BM, BN, BK, WM, WN, UP, STAGES)                               \
+#define CONV_HALO_INSTANCE(name, D, BM, BN, BK, WM, WN, UP, STAGES, FOLD)                         \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, HALO_MIN_CTAS(BM, BN, WM, WN))         \
         name(CONV_PARAMS) {                                                                      \
-        conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES>(CONV_ARGS);                            \
+        conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES, FOLD>(CONV_ARGS);                      \
     }

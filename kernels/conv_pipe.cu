@@ -7,7 +7,7 @@
 // slices, the same sums in another order), for fp16/bf16 with 16-byte vectors (channels % 8 == 0,
 // 16-byte aligned strides and view offsets); everything else keeps conv_gemm. Same parameter list
 // (CONV_PARAMS) and launch shape: grid (ceil(M/BM) * splits, ceil(N/BN), B), block 32*WM*WN*KS (KS
-// k slices, below), dynamic smem 8*Cin bytes when normalized.
+// k slices, below), dynamic smem when normalized: 8*Cin bytes (table), 2*Cin (folded: FOLD).
 //
 // Why: conv_gemm stages one k-tile in registers, so every k-tile costs one exposed global-memory
 // latency (docs/perf-notes.md: ~60 TFLOP/s at batch 16 on an H200, ~14 us per GEMM conv at batch
@@ -28,6 +28,9 @@
 //   flight), the same GnCoef expression as conv_gemm (so both round alike), no extra barrier;
 //   and since the copies do not depend on the statistics, the first STAGES-1 tiles are issued
 //   before the GroupNorm merge, hiding its latency chain behind theirs. (a) it is.
+//   Folded (FOLD, gn_fold: conv.cu conv_gn_prologue): the same pass touches only the thread's padded
+//   vectors, which it overwrites with the pad vector; its in-bounds vectors stay as loaded (the
+//   results then differ from conv_gemm's by the weights' rounding: W * gn_w is rounded, not W).
 // Reference: runtime.reference.run_conv / run_gate (as conv.cu).
 
 // Per A row of the thread, computed once: the element offset of its tap (0, 0) from the sample's
@@ -167,7 +170,7 @@ __device__ __forceinline__ void slice_exchange(const float (&acc)[MF][NF][4], fl
 }
 
 template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, int GATE, int STAGES,
-          int KS>
+          int KS, bool FOLD>
 __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     typedef typename D::S S;
     typedef SwizzledTile<BK> L;
@@ -181,6 +184,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     S(*As)[BM * BK] = reinterpret_cast<S(*)[BM * BK]>(ring);
     S(*Bs)[BN * BK] = reinterpret_cast<S(*)[BN * BK]>(ring + STAGES * BM * BK);
     __shared__ float red[33];   // block_sum scratch (the statistics epilogue)
+    __shared__ float fcol[FOLD ? BN + 1 : 1];   // the folded GroupNorm's column term, rstd (conv_gn_prologue)
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
@@ -189,6 +193,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     const int sk = div_small(blockIdx.x, mtiles), mt = blockIdx.x - sk * mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
+    static_assert(!FOLD || !GATE, "a gate has no GroupNorm");
     const int nk = nk0 + nk1, kb = div_small(sk * nk, splits),
               ke = div_small((sk + 1) * nk, splits), ntiles = ke - kb;
 
@@ -262,12 +267,20 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     };
 
     // After the wait: the thread normalizes the vectors it copied (its own cp.async writes are
-    // visible to it after wait_group; the barrier that follows publishes them).
+    // visible to it after wait_group; the barrier that follows publishes them). Folded: it writes
+    // the pad vector over its padded ones (the zero-filled taps, rows past M, K padding).
     auto normalize = [&](int st, u32 mask, int chan) {
         if (!norm || chan < 0 || !a_row_ok) return;
+        S *p = &As[st][L::off(r0, kv * VEC)];   // row r0 + i * RPP lies i * RPP * BK further (same swizzle)
+        if constexpr (FOLD) {
+            const Vec<S, VEC> pad = vload<S, VEC>(reinterpret_cast<const S *>(dyn_smem) + chan);
+#pragma unroll
+            for (int i = 0; i < AP; ++i)
+                if (!((mask >> i) & 1u)) vstore<S, VEC>(p + i * RPP * BK, pad);
+            return;
+        }
         GnCoef<D, VEC> g;
         g.load(Cin, chan);
-        S *p = &As[st][L::off(r0, kv * VEC)];   // row r0 + i * RPP lies i * RPP * BK further (same swizzle)
         // two rows per step, both loaded before either is stored (one per step was a chain of smem
         // round trips: the compiler keeps a load after a store to the same array); all AP at once
         // held registers that ptxas spilled for on sm_87 (128x32 up2 tile)
@@ -310,7 +323,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
     EpiloguePrefetch<BN, NT, (GATE != 0), true> pre;
     pre.load(bias, psi_w, n0);
-    if (norm) conv_gn_prologue<D, NT, 4>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, Cin, b);
+    if (norm) conv_gn_prologue<D, NT, 4, BN, FOLD>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, gn_fold, fcol, Cin, b, n0);
 
     int st = 0;
     for (int i = 0; i < ntiles; ++i) {
@@ -328,18 +341,21 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         if (i + STAGES - 1 < ntiles) issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
         cp_async_commit();
         mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
+        if constexpr (FOLD)
+            if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[FOLD ? BN : 0]);
         st = st + 1 == STAGES ? 0 : st + 1;
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
 
     if constexpr (KS == 1) {
-        conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, CONV_ARGS);
+        conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
     } else {
         static_assert(sizeof(ring) >= 4u * BM * BN * (KS - 1), "the slices' exchange fits in the ring");
         __syncthreads();   // every warp is done with the ring
         float mine[MF][NF / KS][4];
         slice_exchange<MF, NF, KS>(acc, mine, reinterpret_cast<float *>(ring), wm * WN + wn, slice, lane);
-        conv_finish<D, BM, BN, WM, WN * KS, VEC, GATE>(mine, mtiles, mt, sk, red, pre, CONV_ARGS);
+        conv_finish<D, BM, BN, WM, WN * KS, VEC, GATE>(mine, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr,
+                                                       CONV_ARGS);
     }
 }
 
@@ -350,8 +366,8 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 // at that cap: 168 registers (12 warps per SM) for them.
 #define PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS) \
     ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 ? 16 : 12) / ((WM) * (WN) * (KS)) : 1)
-#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS)       \
+#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD) \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS)) \
         name(CONV_PARAMS) {                                                                      \
-        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS>(CONV_ARGS);     \
+        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_ARGS); \
     }

@@ -176,7 +176,7 @@ class Problem:
     """Random inputs of one case, in the kernels' layouts (NHWC, 16-bit bit patterns)."""
 
     def __init__(self, k: ConvKey, hin, cin, n, cr, batch, norm=False, tbias=False, act=0, res=False,
-                 splits=1, gate=False, seed=0):
+                 splits=1, gate=False, seed=0, mean_off=0.0, gn_b_scale=0.1):
         rng = np.random.default_rng(seed)
         self.k, self.batch, self.cin, self.n, self.cr, self.splits = k, batch, cin, n, cr, splits
         self.hin = hin
@@ -192,10 +192,10 @@ class Problem:
         self.tb = rng.standard_normal((5, n)).astype(np.float32)
         self.t_idx = np.array([3, 1][:batch] + [0] * max(0, batch - 2), dtype=np.int32)
         self.gn_w = (1 + 0.1 * rng.standard_normal(cin)).astype(np.float32)
-        self.gn_b = (0.1 * rng.standard_normal(cin)).astype(np.float32)
+        self.gn_b = (gn_b_scale * rng.standard_normal(cin)).astype(np.float32)
         parts = np.zeros((batch, 4, 4), dtype=np.float32)   # 4 partials per sample: n, sum, M2
         parts[..., 0] = 50.0
-        parts[..., 1] = rng.standard_normal((batch, 4)) * 20
+        parts[..., 1] = rng.standard_normal((batch, 4)) * 20 + 50.0 * mean_off   # mean ~ mean_off
         parts[..., 2] = 40.0 + rng.random((batch, 4)) * 20
         self.gn_part = parts
         self.res = ops.to_device(rng.standard_normal((batch, self.hout, self.hout, n)), dt)
@@ -203,7 +203,14 @@ class Problem:
         self.segs = segs
 
     def run(self, lib, k: ConvKey):
-        w, ldw, nks = ops.pack_gemm(k.dtype, k.bn, k.bk, self.segs)
+        """The kernel of `k` on this problem; k.fold: with the GroupNorm folded into the GEMM
+        (ops.fold_weights / fold_table, as the executor prepares it) instead of the table."""
+        segs, bias, fold = self.segs, self.bias, k.fold
+        if fold:
+            seg0, bias = ops.fold_weights(segs[0], bias, self.gn_w, self.gn_b)
+            segs = [seg0] + segs[1:]
+        w, ldw, nks = ops.pack_gemm(k.dtype, k.bn, k.bk, segs)
+        fold_blob = ops.fold_table(w, k.dtype, nks[0] * k.bk, self.gn_w, self.gn_b) if fold else None
         npad = ops.round_up(self.n, k.bn)
         mtiles, ntiles = ops.cdiv(self.m, k.bm), ops.cdiv(self.n, k.bn)
         out_c = self.cr if self.gate else self.n
@@ -223,14 +230,17 @@ class Problem:
 
         args = [p(self.x), self.hin, self.hin, self.cin, self.cin, p(self.xr if self.cr else None), self.cr,
                 self.xr.shape[-1], p(w), ldw, nks[0], nks[1] if len(nks) > 1 else 0,
-                p(ops.padded(self.bias, npad)), p(self.tb if self.tbias_on else None), self.n,
-                p(self.t_idx if self.tbias_on else None), p(self.gn_w if self.norm else None),
-                p(self.gn_b if self.norm else None), p(self.gn_part if self.norm else None), 4, 1e-5,
+                p(ops.padded(bias, npad)), p(self.tb if self.tbias_on else None), self.n,
+                p(self.t_idx if self.tbias_on else None), p(self.gn_w if self.norm and not fold else None),
+                p(self.gn_b if self.norm and not fold else None), p(fold_blob),
+                p(self.gn_part if self.norm else None), 4, 1e-5,
                 p(self.res if self.res_on else None), self.n, out, self.hout, self.hout, self.n, out_c,
                 None if self.gate else st_part, self.act, p(ops.padded(self.psi, npad) if self.gate else None),
                 0.25, self.splits, p(ws if n_ws else None), p(counters if n_ctr else None)]
+        kinds = macro_params()
+        assert len(kinds) == len(args), f"CONV_PARAMS has {len(kinds)} parameters, the test passes {len(args)}"
         cargs = []
-        for kind, a in zip(macro_params(), args):
+        for kind, a in zip(kinds, args):
             if kind == "p":
                 cargs.append(a if isinstance(a, ctypes.c_void_p) else
                              ctypes.c_void_p(a.ctypes.data) if a is not None else ctypes.c_void_p(0))

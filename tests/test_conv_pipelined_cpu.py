@@ -164,7 +164,7 @@ def test_pipelined_kernel_takes_conv_params():
     text = (kernels_dir() / "conv_pipe.cu").read_text()
     macro = re.search(r"#define CONV_PIPE_INSTANCE\(([^)]*)\)(.*)", text, re.S)
     names = [a.strip() for a in macro.group(1).split(",")]
-    assert names[-2:] == ["STAGES", "KS"] and len(names) == 14
+    assert names[-3:] == ["STAGES", "KS", "FOLD"] and len(names) == 15
     assert re.search(r"name\(CONV_PARAMS\)", macro.group(2)) and "(CONV_ARGS)" in macro.group(2)
 
 
@@ -186,7 +186,9 @@ def test_opt_in_launches(stages3, cfg, precision, sms):
         assert bool(key.stages) == want_piped, (spec.op.out, key)
         if key.stages:
             piped += 1
-            assert key.stages == 3 and launch.fn.symbol.endswith("_s3") and launch.fn.symbol == key.symbol
+            assert key.stages == 3 and launch.fn.symbol == key.symbol
+            assert launch.fn.symbol.endswith("_s3_f" if key.fold else "_s3")
+            assert key.fold == bool(spec.op.norm and key.bn <= 128), (spec.op.out, key)   # fold_norm
             static = ops.pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + ops.PIPE_SCRATCH
             assert static + launch.smem <= ops.SMEM_LIMIT, (spec.op.out, static, launch.smem)
             assert 2 * (static + launch.smem + CTA_RESERVED) <= ORIN_SMEM_PER_SM
@@ -194,7 +196,7 @@ def test_opt_in_launches(stages3, cfg, precision, sms):
     if piped:
         assert "// ==== conv_pipe.cu ====" in src and src.index("==== conv.cu") < src.index("==== conv_pipe.cu")
         for sym in ex.kernels.symbols:
-            if sym.endswith("_s3"):
+            if sym.endswith(("_s3", "_s3_f")):
                 assert f"CONV_PIPE_INSTANCE({sym}," in src
     else:
         assert "// ==== conv_pipe.cu" not in src
@@ -208,6 +210,7 @@ def test_opt_in_weights_reproduce_every_gemm_conv(stages3):
     check(UNetConfig(dim=8, image_size=16, dim_mults=(1, 2, 3), time_dim=32), "bf16")
     ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
     assert any(s.key.stages and s.key.bk == 32 for s in ex.specs if isinstance(s.key, ConvKey))
+    assert any("gn_fold" in s.blobs for s in ex.specs), "the 16-bit cp.async convs fold their GroupNorm"
 
 
 # ---- slow: the real compiler ---------------------------------------------------------------------

@@ -105,11 +105,14 @@ def test_bf16_rounding_is_nearest_even():
 
 
 def emulate(spec, key, env, plan, params, precision):
-    """conv.cu's implicit GEMM on the host: the same K order, padding, in_map and packed weights."""
+    """conv.cu's implicit GEMM on the host: the same K order, padding, in_map and packed weights; a
+    folded GroupNorm (blob gn_fold) as the kernels compute it: the raw input with the pad value at
+    padded taps, the segment-0 sum times rstd, minus mean * rstd * Q (conv.cu conv_gn_prologue)."""
     op = spec.op
     xt, ot = plan.tensors[op.x], plan.tensors[op.out]
     x = env[op.x].transpose(0, 2, 3, 1)
-    if op.norm:
+    fold = "gn_fold" in spec.blobs
+    if op.norm and not fold:
         x = gn1(env[op.x], params[op.norm + ".weight"], params[op.norm + ".bias"], plan.config.norm_eps)
         x = x.transpose(0, 2, 3, 1)
     cin, hin, hout = xt.channels, xt.size, ot.size
@@ -126,8 +129,16 @@ def emulate(spec, key, env, plan, params, precision):
     vy = oy[..., None] * st + ky - pad
     vx = ox[..., None] * st + kx - pad
     ok = (tap < kh * kh) & (vy >= 0) & (vy < hin * up) & (vx >= 0) & (vx < hin * up)
-    a = np.where(ok, x[:, np.clip(vy // up, 0, hin - 1), np.clip(vx // up, 0, hin - 1), c], 0.0)
+    pad_value = 0.0
+    if fold:
+        axes = (1, 2, 3)
+        mean, rstd = env[op.x].mean(axis=axes), 1.0 / np.sqrt(env[op.x].var(axis=axes) + plan.config.norm_eps)
+        r, q = spec.blobs["gn_fold"][:cin], spec.blobs["gn_fold"][cin:]
+        pad_value = (mean[:, None] - r[None, :] / rstd[:, None])[:, None, None, c]
+    a = np.where(ok, x[:, np.clip(vy // up, 0, hin - 1), np.clip(vx // up, 0, hin - 1), c], pad_value)
     out = a @ w[:, :k0p].T
+    if fold:
+        out = (out - mean[:, None, None, None] * q) * rstd[:, None, None, None]
     if op.residual_conv:
         r = env[op.residual].transpose(0, 2, 3, 1)
         out = out + r @ w[:, k0p:k0p + r.shape[-1]].T

@@ -53,13 +53,14 @@ class ConvKey:
     halo: bool = False
     ks: int = 1       # k slices of the cp.async conv: KS warps per warp tile (kernels/conv_pipe.cu)
     nsplit: bool = False   # a gate whose N is split over CTAs (BN < N; kernels/conv.cu conv_finish)
+    fold: bool = False     # GroupNorm folded into the GEMM (cp.async / halo convs; ops.fold_norm)
 
     @property
     def symbol(self) -> str:
         kind = ("gaten" if self.nsplit else "gate") if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
         return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}"
                 + (f"_{'h' if self.halo else 's'}{self.stages}" if self.stages else "")
-                + (f"_k{self.ks}" if self.ks != 1 else ""))
+                + (f"_k{self.ks}" if self.ks != 1 else "") + ("_f" if self.fold else ""))
 
     @property
     def threads(self) -> int:
@@ -68,8 +69,9 @@ class ConvKey:
     def instance(self) -> str:
         if self.halo:
             return (f"CONV_HALO_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
-                    f"{self.wm}, {self.wn}, {self.up}, {self.stages})")
-        macro, tail = ("CONV_PIPE_INSTANCE", f", {self.stages}, {self.ks}") if self.stages else ("CONV_INSTANCE", "")
+                    f"{self.wm}, {self.wn}, {self.up}, {self.stages}, {int(self.fold)})")
+        macro, tail = (("CONV_PIPE_INSTANCE", f", {self.stages}, {self.ks}, {int(self.fold)}") if self.stages
+                       else ("CONV_INSTANCE", ""))
         return (f"{macro}({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                 f"{self.wm}, {self.wn}, {self.kh}, {self.stride}, {self.up}, {self.vec}, "
                 f"{(2 if self.nsplit else 1) if self.gate else 0}{tail})")

@@ -35,6 +35,8 @@ PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static sme
 PIPE_SCRATCH = 3 * 1024                              # its other static smem (reductions, gate, epilogue operands)
 GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, last, epilogue operands)
 HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic smem: 2 CTAs per sm_87 SM (164 KB)
+FOLD_ENV = "JETSON_UNET_GN_FOLD"                     # 0: GroupNorm as a table pass everywhere (fold_norm)
+FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded GroupNorm accepts (fold_norm)
 
 
 def P(v: int) -> np.uint64:
@@ -123,6 +125,7 @@ class Ctx:
     tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch)
     extra_keys: List[Any] = field(default_factory=list)
     conv_stages: int = field(default_factory=lambda: stages_from_env())   # 0: conv_gemm everywhere
+    gn_fold: bool = field(default_factory=lambda: fold_from_env())        # fold_norm where it applies
     tiles: Mapping[str, "TileChoice"] = field(default_factory=dict)       # op.out -> measured tile
 
 
@@ -185,6 +188,15 @@ def choose_splits(nk: int, ctas: int, sms: int) -> int:
     if ctas >= target or nk < 8:
         return 1
     return max(1, min(cdiv(target, ctas), nk // 4, 16))
+
+
+def fold_from_env(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """$JETSON_UNET_GN_FOLD: unset, empty or 1 -> fold GroupNorm into the GEMM where fold_norm allows
+    it; 0 -> the table pass everywhere (kernels/conv.cu conv_gn_prologue describes both)."""
+    raw = (os.environ if environ is None else environ).get(FOLD_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"${FOLD_ENV} must be 0 or 1, got {raw!r}")
+    return raw != "0"
 
 
 def stages_from_env(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -252,6 +264,7 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
          f"cp.async stages {key.stages}"),
         (not key.halo and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
         (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
+        (key.fold and (not key.stages or not tc or key.gate or key.bn > 128), "a folded GroupNorm"),
     ]
     bad = [msg for cond, msg in problems if cond]
     if bad:
@@ -368,6 +381,39 @@ def padded(v: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray, enabled: bool = True) -> bool:
+    """Whether a normalized conv with this key folds its GroupNorm into the GEMM (kernels/conv.cu
+    conv_gn_prologue: W * gn_w as weights, the raw input as A, padded taps set to the per-channel
+    value whose normalization is 0, rstd and a per-column term applied once). Only the 16-bit
+    cp.async and halo convs do (key.stages; conv_gemm keeps the table), with the epilogue's prefetch
+    (BN <= 128), and only for affine weights whose pad values mean - (gn_b / gn_w) * std stay
+    finite and as precise as a normalized value: every gn_w nonzero and |gn_b / gn_w| <=
+    FOLD_RATIO_MAX (the shipped model: <= 0.72; fp16 then overflows only past std ~1000)."""
+    gn_w = np.asarray(gn_w, dtype=np.float64)
+    if not (enabled and key.stages and key.dtype != "fp32" and not key.gate and key.bn <= 128):
+        return False
+    if not np.all(gn_w != 0):
+        return False
+    return bool(np.all(np.abs(np.asarray(gn_b, dtype=np.float64) / gn_w) <= FOLD_RATIO_MAX))
+
+
+def fold_weights(seg0: np.ndarray, bias: np.ndarray, gn_w: np.ndarray, gn_b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Segment 0 of the GEMM (Cout, K, K ordered (tap, c)) as W * gn_w, and the bias plus
+    P = W . gn_b (fold_norm; computed in float64 from the unrounded W)."""
+    taps = seg0.shape[1] // gn_w.size
+    g, b = np.tile(np.asarray(gn_w, np.float64), taps), np.tile(np.asarray(gn_b, np.float64), taps)
+    w = seg0.astype(np.float64)
+    return (w * g).astype(np.float32), (bias.astype(np.float64) + w @ b).astype(np.float32)
+
+
+def fold_table(w: np.ndarray, precision: str, k0: int, gn_w: np.ndarray, gn_b: np.ndarray) -> np.ndarray:
+    """The folded GroupNorm's gn_fold blob: r = gn_b / gn_w (Cin), then Q[n] = the sum of the packed,
+    rounded weights' first k0 columns (segment 0, padding included: zeros) for each of the Npad rows."""
+    q = from_device(w[:, :k0], precision).astype(np.float64).sum(axis=1)
+    r = np.asarray(gn_b, np.float64) / np.asarray(gn_w, np.float64)
+    return np.concatenate([r, q]).astype(np.float32)
+
+
 # ---- the GEMM conv and the gate -------------------------------------------------------------------
 
 def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
@@ -389,8 +435,11 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
                   vec, False)
     dyn = 8 * xt.channels if op.norm else 0
-    return (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
-            or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
+    key = (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
+           or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
+    if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"], ctx.gn_fold):
+        key = dataclasses.replace(key, fold=True)
+    return key
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -407,14 +456,21 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         segs.append(np.asarray(p[op.residual_conv + ".weight"], dtype=np.float32).reshape(n, cr))
         bias = bias + np.asarray(p[op.residual_conv + ".bias"], dtype=np.float32)
     res = op.residual if (op.residual and not op.residual_conv) else None
+    gn_w, gn_b = (p[op.norm + ".weight"], p[op.norm + ".bias"]) if op.norm else (None, None)
+    fold = key.fold   # gemm_key decided (fold_norm)
+    if fold:
+        segs[0], bias = fold_weights(segs[0], bias, gn_w, gn_b)
     w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
     blobs = {"w": w, "bias": padded(bias, round_up(n, tile[1]))}
-    if op.norm:
-        blobs["gn_w"] = padded(p[op.norm + ".weight"], xt.channels)
-        blobs["gn_b"] = padded(p[op.norm + ".bias"], xt.channels)
+    if fold:
+        blobs["gn_fold"] = fold_table(w, prec, nks[0] * key.bk, gn_w, gn_b)
+    elif op.norm:
+        blobs["gn_w"] = padded(gn_w, xt.channels)
+        blobs["gn_b"] = padded(gn_b, xt.channels)
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
     grid = (mtiles * splits, ntiles, ctx.batch)
+    # (normalized: 8 * Cin bytes for the table; a folded norm uses 2 * Cin of them)
     smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else 8 * xt.channels if op.norm else 0
     act = {"none": 0, "gelu": 1}[op.act]
 
@@ -425,12 +481,13 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         out_ptr, ldo = r.tensor(op.out)
         tb_ptr, tb_stride = r.tbias(op.tbias) if op.tbias else (0, 0)
         gn_part, gn_n = r.stats_in(op) if op.norm else (0, 0)
-        gn_w = r.blob(op.out, "gn_w") if op.norm else 0
-        gn_b = r.blob(op.out, "gn_b") if op.norm else 0
+        gn_w_ptr = r.blob(op.out, "gn_w") if op.norm and not fold else 0
+        gn_b_ptr = r.blob(op.out, "gn_b") if op.norm and not fold else 0
+        gn_fold = r.blob(op.out, "gn_fold") if fold else 0
         return (P(x_ptr), I(xt.size), I(xt.size), I(xt.channels), I(ldx), P(xr_ptr), I(cr), I(ldr),
                 P(r.blob(op.out, "w")), I(ldw), I(nks[0]), I(nks[1] if len(nks) > 1 else 0),
                 P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
-                P(gn_w), P(gn_b), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
+                P(gn_w_ptr), P(gn_b_ptr), P(gn_fold), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
                 P(out_ptr), I(ot.size), I(ot.size), I(n), I(ldo), P(r.stats_out(op.out)), I(act),
                 P(0), F(0.0), *split_args(r, op.out, splits, ws_bytes))
 
@@ -504,7 +561,7 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
         return (P(x_ptr), I(size), I(size), I(g), I(ldx), P(s_ptr), I(r_ch), I(lds),
                 P(r.blob(op.out, "w")), I(ldw), I(nks[0]), I(nks[1]),
                 P(r.blob(op.out, "bias")), P(0), I(0), P(0),
-                P(0), P(0), P(0), I(0), F(0.0), P(0), I(0),
+                P(0), P(0), P(0), P(0), I(0), F(0.0), P(0), I(0),
                 P(out_ptr), I(size), I(size), I(g), I(ldo), P(0), I(0),
                 P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits, ws_bytes))
 
@@ -716,6 +773,6 @@ def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -
     keys = set()
     for b in batches:
         sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b,
-                  conv_stages=ctx.conv_stages)
+                  conv_stages=ctx.conv_stages, gn_fold=ctx.gn_fold)
         keys.update(fn(op, sub) for op, fn in keyed if fn)
     return sorted(keys, key=lambda k: k.symbol)

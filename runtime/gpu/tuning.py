@@ -58,7 +58,8 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     """Every tile of `op` worth timing that the kernels can instantiate (ops.check_key), splits left
     to the heuristic; the heuristic's own tile first."""
     heur = base_key(op, ctx)
-    key = dataclasses.replace(heur, halo=False)   # what the im2col candidates derive from
+    key = dataclasses.replace(heur, halo=False, fold=False)   # what the im2col candidates derive from (the
+    # tile decides the fold again: ops.gemm_key)
     gate = op.kind == GATE
     n = ctx.plan.tensors[op.x if gate else op.out].channels
     dyn = 0 if gate or not op.norm else 8 * ctx.plan.tensors[op.x].channels
