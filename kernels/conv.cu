@@ -37,26 +37,27 @@ extern __shared__ __align__(16) float dyn_smem[];
     const void *x_, int Hin, int Win, int Cin, int ldx, const void *xr_, int Cr, int ldr,     \
     const void *w_, int ldw, int nk0, int nk1, const float *bias, const float *tbias,         \
     int tb_stride, const int *t_idx, const float *gn_w, const float *gn_b,                    \
-    const float *gn_fold, const float4 *gn_part, int gn_P, float gn_eps, const void *res_, int ldres, void *out_,   \
-    int Hout, int Wout, int N, int ldo, float4 *st_part, int act, const float *psi_w,         \
+    const float *gn_fold, const float4 *gn_part, int gn_P, float gn_eps, const void *res_,    \
+    int ldres, void *out_, int Hout, int Wout, int N, int ldo, float4 *st_part, int act, const float *psi_w,         \
     float psi_b, int splits, float *ws, int *counters
 #define CONV_ARGS                                                                            \
     x_, Hin, Win, Cin, ldx, xr_, Cr, ldr, w_, ldw, nk0, nk1, bias, tbias, tb_stride, t_idx,   \
-    gn_w, gn_b, gn_fold, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo, st_part, act,   \
-    psi_w, psi_b, splits, ws, counters
+    gn_w, gn_b, gn_fold, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo,       \
+    st_part, act, psi_w, psi_b, splits, ws, counters
 
 // ---- shared pieces ------------------------------------------------------------------------------
 
 // GroupNorm(1) of the input, from the producer's partials of sample b (merged by each warp on its
 // own, gn_merge: `gp` holds the partials the kernel loaded at its entry), in one of two ways:
 //
-// Table (gn_fold == nullptr): a per-channel scale/shift table in dynamic smem (8*Cin bytes), applied
+// Table (FOLD false): a per-channel scale/shift table in dynamic smem (8*Cin bytes), applied
 // to every A vector (GnCoef): scale = gn_w * rstd, shift = gn_b - mean * scale. fp32: scale[Cin],
 // shift[Cin] as floats. 16-bit: scale, shift_hi, shift_lo as S[Cin] each, for packed fma: shift_lo
 // holds what S cannot of the shift, so that a large mean/std ratio costs no more than one rounding
 // of the normalized value.
 //
-// Folded (gn_fold != nullptr; 16-bit only; runtime/gpu/ops.py fold_norm decides and prepares it):
+// Folded (FOLD: the 16-bit cp.async and halo convs' `_f` instantiations; runtime/gpu/ops.py fold_norm
+// decides and prepares it):
 // the weights of segment 0 are W' = W * gn_w (per input channel), the bias holds bias + P with
 // P[n] = sum_k W[n][k] gn_b[c(k)], and A is the raw input, so that
 //     conv(gn(x)) = rstd * sum_k W'[n][k] xp[k]  -  mean * rstd * Q[n]  +  P[n],   Q[n] = sum_k W'[n][k]
@@ -66,10 +67,9 @@ extern __shared__ __align__(16) float dyn_smem[];
 // at ~20 us per batch-1 call and ~84 us at batch 16), the padded ones are overwritten with the pad
 // vector, the CTA scales its segment-0 sum by rstd once (scale_acc) and the epilogue adds the
 // column term -mean * rstd * Q[n] with the bias (fcol: BN + 1 floats of static smem, the column
-// term and then rstd, which the k loop reads from there: a register held across the loop made
-// ptxas spill at the 168-register cap). gn_fold holds
-// r[Cin] then Q[Npad] (Q summed from the uploaded, rounded W', so that mean * Q cancels exactly what
-// the GEMM accumulated). Dynamic smem: the pad vector table, S[Cin].
+// term and then rstd, which the k loop reads from there rather than hold a register across it).
+// gn_fold holds r[Cin] then Q[Npad] (Q summed from the uploaded, rounded W', so that mean * Q
+// cancels exactly what the GEMM accumulated). Dynamic smem: the pad vector table, S[Cin].
 //
 // The affine weights (or r) of the first PF * NT channels (4: 512 channels at 128 threads) and
 // the column term's Q are loaded before the merge, so their latency overlaps the partials' instead
@@ -95,23 +95,21 @@ __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P
     const float2 mr = gn_merge(gn_part + (size_t)b * gn_P, gn_P, gp, gn_eps);
     const float mean = mr.x, rstd = mr.y;
     if constexpr (fold) {
-        {
-            typename D::S *t = reinterpret_cast<typename D::S *>(dyn_smem);
-            const float sd = 1.0f / rstd;
+        typename D::S *t = reinterpret_cast<typename D::S *>(dyn_smem);
+        const float sd = 1.0f / rstd;
 #pragma unroll
-            for (int r = 0; r < PF; ++r) {
-                const int c = threadIdx.x + r * NT;
-                if (c < Cin) t[c] = D::from_f(fmaf(-pw[r], sd, mean));
-            }
-            for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) t[c] = D::from_f(fmaf(-gn_fold[c], sd, mean));
-            const float mrs = -mean * rstd;
-#pragma unroll
-            for (int r = 0; r < QR; ++r) {
-                const int c = threadIdx.x + r * NT;
-                if (c < BN) fcol[c] = mrs * q[r];
-            }
-            if (threadIdx.x == 0) fcol[BN] = rstd;
+        for (int r = 0; r < PF; ++r) {
+            const int c = threadIdx.x + r * NT;
+            if (c < Cin) t[c] = D::from_f(fmaf(-pw[r], sd, mean));
         }
+        for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) t[c] = D::from_f(fmaf(-gn_fold[c], sd, mean));
+        const float mrs = -mean * rstd;
+#pragma unroll
+        for (int r = 0; r < QR; ++r) {
+            const int c = threadIdx.x + r * NT;
+            if (c < BN) fcol[c] = mrs * q[r];
+        }
+        if (threadIdx.x == 0) fcol[BN] = rstd;
     } else {
         auto put = [&](int c, float w, float bb) {
             const float s = w * rstd, sh = bb - mean * s;

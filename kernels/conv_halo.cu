@@ -96,7 +96,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
             hx += PSTEP;
             while (hx >= HC) { hx -= HC; ++hy; }
         }
-        if (FOLD) mask = ~mask & (i >= 32 ? ~0u : (1u << i) - 1u);   // the i vectors outside the image
+        if constexpr (FOLD) mask = ~mask & (i >= 32 ? ~0u : (1u << i) - 1u);   // the i vectors outside the image
         if (j & 1) hmask1 = mask; else hmask0 = mask;
     };
     auto normalize_halo = [&](int j) {
@@ -227,7 +227,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
             mma_ktile<D, MF, NF>(acc, B + SLOT_B, B, fo);
         }
         if constexpr (FOLD)
-            if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[FOLD ? BN : 0]);
+            if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[BN]);
         st = st + 1 == STAGES ? 0 : st + 1;
         advance(cp);
     }

@@ -342,7 +342,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         cp_async_commit();
         mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
         if constexpr (FOLD)
-            if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[FOLD ? BN : 0]);
+            if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[BN]);
         st = st + 1 == STAGES ? 0 : st + 1;
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight

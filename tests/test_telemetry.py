@@ -393,7 +393,9 @@ def test_nvml_samples_and_prefers_energy_counter(monkeypatch, instant, watts):
     assert (s0.temps_c, s0.gpu_mhz, s0.mem_mhz, s0.ram_used_mb) == ({"gpu": 61.0}, 1980, 2619, 3072.0)
     assert (s0.gpu_util, s0.emc_util) == (pytest.approx(0.87), pytest.approx(0.40))
     s = tel.summary("a", "b")
-    assert s["energy_method"] == "counter" and s["energy_j"] == pytest.approx(200.0 * (t_b - t_a), rel=1e-3)
+    # 2%: the counter (200 W) apart from the trapezoid (250 / 300 W), with room for a loaded host's
+    # skew between a sample's time stamp and its counter read (1e-3 failed once under load)
+    assert s["energy_method"] == "counter" and s["energy_j"] == pytest.approx(200.0 * (t_b - t_a), rel=2e-2)
     assert s["peak_power_w"] == watts
 
 
