@@ -29,7 +29,7 @@ def halo(k):
 # (name, keys, problem)
 CASES = [
     ("3x3-tbias-gelu-res", [key(64, 64, 32, stages=3), key(32, 32, 64, stages=3, ks=2), halo(key(64, 64, 32, stages=3))],
-     dict(hin=16, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
+     dict(hin=8, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
     ("residual-conv-split-k", [key(64, 32, 32, stages=3), halo(key(64, 32, 32, stages=3))],
      dict(hin=8, cin=32, n=32, cr=24, batch=2, norm=True, splits=3)),
     ("halo-chunks-residual-conv", [halo(key(64, 32, 32, stages=4))],
@@ -37,7 +37,7 @@ CASES = [
     ("split-across-chunks", [key(32, 64, 32, stages=3), halo(key(32, 64, 32, stages=3))],
      dict(hin=8, cin=64, n=64, cr=0, batch=1, norm=True, act=1, splits=4)),
     ("up2", [key(32, 64, 64, up=2, stages=3), halo(key(32, 64, 32, up=2, stages=2))],
-     dict(hin=8, cin=64, n=48, cr=0, batch=2, norm=True)),
+     dict(hin=4, cin=64, n=48, cr=0, batch=2, norm=True)),
     ("bf16-8-warps", [halo(key(128, 64, 32, stages=3, dtype="bf16", wm=4, wn=2)),
                       key(64, 64, 32, stages=3, dtype="bf16")],
      dict(hin=16, cin=64, n=64, cr=0, batch=1, norm=True, tbias=True, res=True)),
