@@ -17,13 +17,10 @@ import pytest
 
 from runtime.gpu import ops
 from runtime.reference import gelu
+from test_conv_halo_emulated import halo
 from test_conv_pipe_emulated import Problem, build_lib, key, merged, values
 
 pytestmark = pytest.mark.slow
-
-
-def halo(k):
-    return dataclasses.replace(k, halo=True)
 
 
 # (name, keys, problem)

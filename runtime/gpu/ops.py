@@ -264,7 +264,7 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
          f"cp.async stages {key.stages}"),
         (not key.halo and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
         (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
-        (key.fold and (not key.stages or not tc or key.gate or key.bn > 128), "a folded GroupNorm"),
+        (key.fold and not fold_fits(key), "a folded GroupNorm"),
     ]
     bad = [msg for cond, msg in problems if cond]
     if bad:
@@ -381,18 +381,21 @@ def padded(v: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def fold_fits(key: ConvKey) -> bool:
+    """The kernels that have a folded GroupNorm: the 16-bit cp.async and halo convs (key.stages;
+    conv_gemm keeps the table) with the epilogue's prefetch (BN <= 128)."""
+    return bool(key.stages) and key.dtype != "fp32" and not key.gate and key.bn <= 128
+
+
 def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray, enabled: bool = True) -> bool:
     """Whether a normalized conv with this key folds its GroupNorm into the GEMM (kernels/conv.cu
     conv_gn_prologue: W * gn_w as weights, the raw input as A, padded taps set to the per-channel
-    value whose normalization is 0, rstd and a per-column term applied once). Only the 16-bit
-    cp.async and halo convs do (key.stages; conv_gemm keeps the table), with the epilogue's prefetch
-    (BN <= 128), and only for affine weights whose pad values mean - (gn_b / gn_w) * std stay
+    value whose normalization is 0, rstd and a per-column term applied once). Only where the kernel
+    has one (fold_fits), and only for affine weights whose pad values mean - (gn_b / gn_w) * std stay
     finite and as precise as a normalized value: every gn_w nonzero and |gn_b / gn_w| <=
     FOLD_RATIO_MAX (the shipped model: <= 0.72; fp16 then overflows only past std ~1000)."""
     gn_w = np.asarray(gn_w, dtype=np.float64)
-    if not (enabled and key.stages and key.dtype != "fp32" and not key.gate and key.bn <= 128):
-        return False
-    if not np.all(gn_w != 0):
+    if not (enabled and fold_fits(key)) or not np.all(gn_w != 0):
         return False
     return bool(np.all(np.abs(np.asarray(gn_b, dtype=np.float64) / gn_w) <= FOLD_RATIO_MAX))
 
