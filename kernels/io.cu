@@ -2,11 +2,12 @@
 //
 // init_conv: out = conv_KxK(x) + bias, x the fp32 image (Cin = channels, pixel stride Cin), out in
 //   the activation dtype at pixel stride ldo (it sits in the final concat buffer).
-//   Launch: grid (ceil(H/8)*ceil(W/TW), 1, B), block 256; dynamic smem Cin*(8+K-1)*RS + K*K*Cin*CoutP
-//   floats (halo tile [ci][row][RS] + all weights [ky][kx][ci][CoutP], CoutP = Cout rounded up to 8
-//   with zeros; RS: below). TW = 8, or 16 where the 8-wide grid is several waves (ops.init_tw:
-//   batch 16): each item then computes 2 pixels per weight read, the kernel being bound by its smem
-//   reads (3 per 8 FMAs at TW 8, 4 per 16 at 16) with each CTA's 4704-weight staging halved per pixel.
+//   Launch: grid (tiles + 1, 1, B) with tiles = ceil(H/8)*ceil(W/TW) (+ 1: the step advance,
+//   below), block 256; dynamic smem Cin*(8+K-1)*RS + K*K*Cin*CoutP floats (halo tile [ci][row][RS]
+//   + all weights [ky][kx][ci][CoutP], CoutP = Cout rounded up to 8 with zeros; RS: below). TW = 8,
+//   or 16 where the 8-wide grid is several waves (ops.init_tw: batch 16): each item then computes 2
+//   pixels per weight read, the kernel being bound by its smem reads (3 per 8 FMAs at TW 8, 4 per 16
+//   at 16) with each CTA's 4704-weight staging halved per pixel.
 //   Each thread owns (PX pixels, 8 output channels) items; Cin is a template parameter (CIN, the image
 //   channels), so each kernel row's KxCIN taps unroll into straight smem loads and FMAs (a runtime
 //   Cin loop made the default model's init_conv the slowest launch: 15 us at batch 1, 72 us at 16);
@@ -19,11 +20,12 @@
 //   come from the host in mma B-fragment order (ops.pack_init_tc: [step][n8 tile][lane] u32 pairs),
 //   so each fragment is one 8-byte smem load per lane. CTA: 4 warps over 4 rows x 16 columns, warp w
 //   row w (one m16 tile), 32 output channels per pass over CoutP (a multiple of 32, zero-padded by
-//   the host). Launch: grid (ceil(H / 4) * ceil(W / 16), 1, B), block 128, dynamic smem
-//   8 * (4 + K - 1) * (16 + K - 1) + 8 * steps * CoutP / 8 * 32 bytes. Taller tiles (2 or 4 rows per
-//   warp: a CTA's weight staging serving 2-4x the pixels) were slower on the H100 at batch 1 and 16
-//   alike (docs/perf-notes.md, session 11). The FFMA kernel above stays the fp32 path (and the path
-//   for wider images): it issues ~13x the instructions per output (147 FFMA per pixel and channel).
+//   the host). Launch: grid (tiles + 1, 1, B) with tiles = ceil(H / 4) * ceil(W / 16), block 128,
+//   dynamic smem 8 * (4 + K - 1) * (16 + K - 1) + 8 * steps * CoutP / 8 * 32 bytes. Taller tiles (2
+//   or 4 rows per warp: a CTA's weight staging serving 2-4x the pixels) were slower on the H100 at
+//   batch 1 and 16 alike (docs/perf-notes.md, session 11). The FFMA kernel above stays the fp32
+//   path (and the path for wider images): it issues ~13x the instructions per output (147 FFMA per
+//   pixel and channel).
 // final_conv: eps = conv_1x1(x) + bias, x in the activation dtype (pixel stride ldx), eps fp32 with
 //   pixel stride Cout (<= 8). Launch: grid ceil(B*H*W/128), block 128, dynamic smem Cout*Cin floats.
 //   Each thread reads its pixel's channels as VEC-wide vectors (VEC 8 for 16-bit, 4 for fp32, 1
@@ -31,22 +33,52 @@
 //   load per channel made a warp's loads 32 pixels apart each (8 us at batch 16 on the H100).
 //   With xs (the sampler's fp32 NHWC image; GpuExecutor.run(step=...)) it also takes the sampling
 //   step in place, xs = c_x * xs + c_eps * eps + sigma * z with (c_x, c_eps, sigma, row) = *step
-//   (sample.cu advance_step) and z the NCHW noise row `row` of npix * Cout values (none when row is
-//   -1; hw pixels per image), exactly as the host's generator fills it, so host noise is drawn
+//   (init_conv's step advance, below) and z the NCHW noise row `row` of npix * Cout values (none
+//   when row is -1; hw pixels per image), exactly as the host's generator fills it, so host noise is drawn
 //   straight into pinned memory with no transpose pass (at batch 16 the transpose made the noise
 //   thread, not the GPU, the bottleneck). One kernel fewer per step than a separate p_sample.
-// Reference: runtime.reference.conv2d.
+// The sampler's step advance (the pipeline's GPU mode), taken by init_conv, the first kernel of a
+//   step: one extra CTA per sample (grid.x = the conv's tiles + 1; only sample 0's does the work, the
+//   others and every one with a null counter return at once) moves *counter to this step (it starts
+//   at -1), points the U-Net's per-sample timestep array at it (t_idx[b] = t_of_step[s]) and copies
+//   the step's coefficients and noise row to *cur (float4: c_x, c_eps, sigma, row as int bits), which
+//   final_conv reads. The device reads its step from device memory, so one captured CUDA graph (the
+//   U-Net) serves every step of a run: replaying it advances the loop. Inside init_conv its latency
+//   chain (counter, then the tables) runs beside the conv's own: as a separate kernel on a graph
+//   branch it cost ~5 us per step at batch 1 and 16 (H100, docs/perf-notes.md session 17).
+// Reference: runtime.reference.conv2d; the step, runtime.schedule.p_sample.
 #include "common.cuh"
 
 extern __shared__ __align__(16) float dyn_smem[];
 
 #define INIT_PARAMS                                                                          \
     const float *x, int H, int W, int Cin, const void *w_, const float *bias, void *out_,     \
-    int Cout, int CoutP, int ldo
-#define INIT_ARGS x, H, W, Cin, w_, bias, out_, Cout, CoutP, ldo
+    int Cout, int CoutP, int ldo, int tiles, int *counter, int *t_idx, float4 *cur,           \
+    const int *__restrict__ t_of_step, const float *__restrict__ coef, const int *__restrict__ noise_row, int n_steps
+#define INIT_ARGS x, H, W, Cin, w_, bias, out_, Cout, CoutP, ldo, tiles, counter, t_idx, cur, t_of_step, coef, \
+    noise_row, n_steps
+
+// The extra CTA of init_conv's grid (blockIdx.x == tiles): the sampler's step advance (above). Every
+// thread reads *counter before thread 0 writes it. True: this CTA is done (the caller returns).
+__device__ __forceinline__ bool step_advance(int tiles, int *counter, int *t_idx, float4 *cur,
+                                             const int *__restrict__ t_of_step, const float *__restrict__ coef,
+                                             const int *__restrict__ noise_row, int n_steps) {
+    if ((int)blockIdx.x < tiles) return false;
+    if (blockIdx.z != 0 || !counter) return true;
+    const int s = *counter + 1;
+    __syncthreads();
+    if (s < n_steps) {
+        for (int b = threadIdx.x; b < (int)gridDim.z; b += blockDim.x) t_idx[b] = t_of_step[s];
+        if (threadIdx.x == 0)
+            *cur = make_float4(coef[3 * s], coef[3 * s + 1], coef[3 * s + 2], __int_as_float(noise_row[s]));
+    }
+    if (threadIdx.x == 0) *counter = s;
+    return true;
+}
 
 template <class D, int K, int CIN, int TW>
 __device__ __forceinline__ void init_conv(INIT_PARAMS) {
+    if (step_advance(tiles, counter, t_idx, cur, t_of_step, coef, noise_row, n_steps)) return;
     typedef typename D::S S;
     constexpr int TH = 8, PX = TW / 8, HW = TW + K - 1, HH = TH + K - 1, P = K / 2, NT = 256;
     static_assert(TW % 8 == 0, "items of PX pixels 8 apart");
@@ -140,6 +172,7 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
 
 template <class D, int K, int CIN>
 __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
+    if (step_advance(tiles, counter, t_idx, cur, t_of_step, coef, noise_row, n_steps)) return;
     typedef typename D::S S;
     constexpr int NT = 128, TW = 16, TH = 4, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
     constexpr int TAPS = K * K, STEPS = (4 * TAPS + 15) / 16, NPIX = HH * HW, PPT = (NPIX + NT - 1) / NT;

@@ -5,7 +5,8 @@ last row and column tiles, output channel counts that are not a multiple of 8 or
 group or pass, scalar stores), the output a view of a wider buffer (at an odd channel offset too:
 no paired stores), images of 1, 3 and 4 channels, two samples, fp16 / bf16 / fp32 outputs. Outputs
 are NaN-poisoned: every element the kernel owns must be written, and nothing outside its channel
-window may be."""
+window may be. The grid's extra CTA per sample (the sampler's step advance) leaves a plain call's
+outputs alone, and advances the step exactly once per launch in a sampling call."""
 from __future__ import annotations
 
 import ctypes
@@ -85,9 +86,9 @@ def test_init_conv_matches_reference(lib, case):
     out = poison((b, h, w, ldo), dt)
     esize = 4 if dt == "fp32" else 2
     args = [ctypes.c_void_p(x.ctypes.data), h, w, cin, ctypes.c_void_p(wp.ctypes.data),
-            ctypes.c_void_p(bp.ctypes.data), ctypes.c_void_p(out.ctypes.data + o0 * esize), cout, coutp, ldo]
-    cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(macro_params("io.cu", "INIT_PARAMS"), args)]
-    getattr(lib, "emu_" + case_key(dt, kind, var, cin).symbol)(grid, 1, b, nt, *cargs)
+            ctypes.c_void_p(bp.ctypes.data), ctypes.c_void_p(out.ctypes.data + o0 * esize), cout, coutp, ldo,
+            grid] + [None] * 6 + [0]   # a plain call: no step advance
+    launch(lib, case_key(dt, kind, var, cin), grid, b, nt, args)
 
     want = conv2d(x.transpose(0, 3, 1, 2).astype(np.float64), wt.astype(np.float64),
                   bias.astype(np.float64)).transpose(0, 2, 3, 1)
@@ -100,6 +101,52 @@ def test_init_conv_matches_reference(lib, case):
     tol = {"fp32": 1e-5, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}[dt] * (4 if kind == "init_tc" else 2) * np.abs(want).max()
     err = np.abs(got - want).max()
     assert err <= tol, f"{name}: max error {err:.3g} > {tol:.3g}"
+
+
+def launch(lib, key, tiles, batch, threads, args):
+    """The kernel over its launch grid: tiles + 1 CTAs per sample (ops.init_spec)."""
+    cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(macro_params("io.cu", "INIT_PARAMS"), args)]
+    getattr(lib, "emu_" + key.symbol)(tiles + 1, 1, batch, threads, *cargs)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[4]], ids=["init", "init_tc"])
+def test_init_conv_advances_the_sampler_step_once_per_launch(lib, case):
+    """With the step tables (GpuExecutor.run(step=)): each launch moves the counter on by one, sets
+    every sample's timestep to the step's and hands the step's coefficients and noise row to cur,
+    the conv's outputs as in a plain call; past the last step only the counter moves."""
+    name, dt, kind, var, cin, h, w, cout, ldo, o0, b = case
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((b, h, w, cin)).astype(np.float32)
+    coutp = ops.round_up(cout, 32) if kind == "init_tc" else ops.round_up(cout, 8)
+    if kind == "init_tc":
+        wp = ops.pack_init_tc(rng.standard_normal((cout, cin, K, K)).astype(np.float32), dt, coutp)
+        th, tw = ops.INIT_TC_TILE
+        tiles, nt = ops.cdiv(h, th) * ops.cdiv(w, tw), ops.INIT_TC_THREADS
+    else:
+        wp = rng.standard_normal((K, K, cin, coutp)).astype(np.float32)
+        tiles, nt = ops.cdiv(h, ops.INIT_TILE) * ops.cdiv(w, var), 256
+    bp = rng.standard_normal(coutp).astype(np.float32)
+    n_steps = 3
+    t_of_step = np.array([90, 45, 7], np.int32)
+    coef = rng.standard_normal((n_steps, 3)).astype(np.float32)
+    noise_row = np.array([0, 1, -1], np.int32)
+    counter, t_idx, cur = np.array([-1], np.int32), np.full(b, -5, np.int32), np.full(4, np.nan, np.float32)
+    P = lambda a: ctypes.c_void_p(a.ctypes.data)   # noqa: E731
+    outs = []
+    for s in range(n_steps + 1):
+        out = poison((b, h, w, ldo), dt)
+        launch(lib, case_key(dt, kind, var, cin), tiles, b, nt,
+               [P(x), h, w, cin, P(wp), P(bp), ctypes.c_void_p(out.ctypes.data + o0 * 2), cout, coutp, ldo, tiles,
+                P(counter), P(t_idx), P(cur), P(t_of_step), P(coef), P(noise_row), n_steps])
+        outs.append(as_float(out, dt))
+        assert counter[0] == s, f"step {s}: counter {counter[0]} (the advance ran {counter[0] + 1 - s} extra times)"
+        k = min(s, n_steps - 1)   # past the last step: t_idx and cur stay
+        assert (t_idx == t_of_step[k]).all(), (s, t_idx)
+        np.testing.assert_array_equal(cur[:3], coef[k])
+        assert cur[3:].view(np.int32)[0] == noise_row[k]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    assert not np.isnan(outs[0][..., o0:o0 + cout]).any()
 
 
 def test_every_init_instantiation_compiles_for_sm87_without_spills(tmp_path):

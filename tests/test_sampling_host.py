@@ -30,21 +30,23 @@ class W:
         self.config, self.params = CFG, random_params(CFG, 0)
 
 
-class FailingEvent(FakeEvent):
-    def synchronize(self) -> None:
-        raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
-
-
 class FailAfter(FakeBackend):
-    """Events made after the first `ok` ones fail when waited on, as a CUDA fault would."""
+    """Waits on events after the first `ok` ones fail, as they would after a CUDA fault."""
 
     def __init__(self, ok: int) -> None:
         super().__init__()
-        self.ok, self.made = ok, 0
+        self.ok, self.syncs = ok, 0
 
     def event(self, timing: bool = True) -> FakeEvent:
-        self.made += 1
-        return FakeEvent() if self.made <= self.ok else FailingEvent()
+        backend = self
+
+        class Event(FakeEvent):
+            def synchronize(self) -> None:
+                backend.syncs += 1
+                if backend.syncs > backend.ok:
+                    raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+        return Event()
 
 
 MODES = [("cpu", "host"), ("gpu", "host"), ("gpu", "device")]
@@ -52,9 +54,8 @@ MODES = [("cpu", "host"), ("gpu", "host"), ("gpu", "device")]
 
 @pytest.mark.parametrize("mode,noise", MODES)
 def test_gpu_error_mid_run_is_one_clear_error(mode, noise):
-    be = FailAfter(ok=10_000)
+    be = FailAfter(ok=3)         # a few steps run, then the device "faults"
     s = GpuSampler(W(), "fp32", 2, mode=mode, graphs=False, backend=be, noise=noise)
-    be.ok = be.made + 3          # a few steps run, then the device "faults"
     with pytest.raises(GpuRunError, match=r"GPU error at step \d+: RuntimeError: cudaErrorIllegalAddress"):
         s.run(make_steps(CFG.schedule, "ddpm"), seed=0)
     s.close()
@@ -177,8 +178,8 @@ def test_noise_usage_errors(kw, needle):
 @pytest.mark.parametrize("batch,graphs", [(2, False), (2, True), (16, False), (16, True)])
 def test_plain_launches_stay_on_the_compute_stream(monkeypatch, batch, graphs):
     """On an H100 a few plain launches on a second stream slow every later launch of the process
-    (docs/perf-notes.md session 15): plain launches go to the compute stream only; the step's
-    advance_step branch and the side stream's noise draws run as graphs. With graphs, each distinct
+    (docs/perf-notes.md session 15): plain launches go to the compute stream only; the side
+    stream's noise draws run as graphs. With graphs, each distinct
     draw is captured once and a second run replays the same draws."""
     monkeypatch.setattr(KernelSet, "_cache", {})
     be = FakeBackend()

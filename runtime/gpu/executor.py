@@ -14,7 +14,7 @@ producer and its normalized consumer, and the per-sample timestep indices `t_idx
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,7 +33,21 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 ALIGN = memory.ALIGN
 _T_MARK = object()   # stands for the t_idx pointer in argument tuples until launch
 _STEP_MARK = object()   # final_conv's sampler-step pointers (3 arguments from here; null by default)
-TWriter = Tuple[Any, Any, Any, Callable[[Any], None]]   # GpuExecutor.run: (side stream, fork, join, enqueue)
+_ADV_MARK = object()    # init_conv's step-advance arguments (7 from here; null by default)
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """Device pointers of gpu mode's step tables (memory.sampler_tables), for GpuExecutor.run(step=):
+    init_conv's extra CTA advances the step (counter, t_idx, cur from the per-step tables) and
+    final_conv takes it on the image buffer (kernels/io.cu)."""
+    noise: int
+    cur: int
+    counter: int
+    t_of_step: int
+    coef: int
+    noise_row: int
+    n_steps: int
 
 
 def view_layout(plan: Plan) -> Dict[str, Tuple[int, int]]:
@@ -69,24 +83,30 @@ class Launch:
     args: Tuple[Any, ...]
     smem: int
     t_pos: Optional[int]
-    step_pos: Optional[int] = None
+    step_pos: Optional[int] = None   # where the sampler step's arguments go (final_conv, init_conv)
+    step_mark: Any = None            # _STEP_MARK or _ADV_MARK: which of them
 
-    def args_for(self, t_ptr: int, step: Optional[Tuple[int, int, int]] = None) -> Tuple[Any, ...]:
-        """The arguments with the timesteps at t_ptr and, for final_conv, the sampler step's
-        (image, noise, step) pointers (null: eps only)."""
+    def args_for(self, t_ptr: int, step: Optional[Dict[Any, Tuple[Any, ...]]] = None) -> Tuple[Any, ...]:
+        """The arguments with the timesteps at t_ptr and, where this kernel takes them, the sampler
+        step's (GpuExecutor.step_args; none: null pointers, eps only)."""
         if self.t_pos is None and self.step_pos is None:
             return self.args
         a = list(self.args)
         if self.t_pos is not None:
             a[self.t_pos] = np.uint64(t_ptr)
         if self.step_pos is not None:
-            a[self.step_pos:self.step_pos + 3] = [np.uint64(v) for v in (step or (0, 0, 0))]
+            vals = (step or NO_STEP)[self.step_mark]
+            a[self.step_pos:self.step_pos + len(vals)] = vals
         return tuple(a)
+
+
+NO_STEP = {_STEP_MARK: (np.uint64(0),) * 3, _ADV_MARK: (np.uint64(0),) * 6 + (np.int32(0),)}
 
 
 class _Addr(Resolver):
     def __init__(self, ex: "GpuExecutor") -> None:
-        self.ex, self.t_idx, self.step, self.norm_eps = ex, _T_MARK, _STEP_MARK, ex.config.norm_eps
+        self.ex, self.t_idx, self.step, self.advance = ex, _T_MARK, _STEP_MARK, _ADV_MARK
+        self.norm_eps = ex.config.norm_eps
 
     def tensor(self, name: str) -> Tuple[int, int]:
         if name == self.ex.plan.input:   # the persistent image buffer (see memory.arena_extras)
@@ -243,9 +263,9 @@ class GpuExecutor:
     def _launch(self, spec: OpSpec, addr: _Addr) -> Launch:
         args = spec.make_args(addr)
         t_pos = next((i for i, a in enumerate(args) if a is _T_MARK), None)
-        step_pos = next((i for i, a in enumerate(args) if a is _STEP_MARK), None)
+        step_pos = next((i for i, a in enumerate(args) if a is _STEP_MARK or a is _ADV_MARK), None)
         launch = Launch(spec.op.out, self.kernels[spec.symbol], spec.grid, spec.block, args, spec.smem, t_pos,
-                        step_pos)
+                        step_pos, None if step_pos is None else args[step_pos])
         launch.args = launch.args_for(self.t_idx_ptr)
         return launch
 
@@ -273,31 +293,28 @@ class GpuExecutor:
         return len(self.launches)
 
     # ---- running ------------------------------------------------------------------------------------
-    def run(self, stream: Any, t_idx_ptr: Optional[int] = None, t_writer: Optional[TWriter] = None,
-            step: Optional[Tuple[int, int]] = None) -> None:
+    def step_args(self, tables: StepTables) -> Dict[Any, Tuple[Any, ...]]:
+        """The sampler step's kernel arguments (Launch.args_for): final_conv's, then init_conv's."""
+        P = np.uint64
+        return {_STEP_MARK: (P(self.x_ptr), P(tables.noise), P(tables.cur)),
+                _ADV_MARK: (P(tables.counter), P(self.t_idx_ptr), P(tables.cur), P(tables.t_of_step), P(tables.coef),
+                            P(tables.noise_row), np.int32(tables.n_steps))}
+
+    def run(self, stream: Any, t_idx_ptr: Optional[int] = None, step: Optional[StepTables] = None) -> None:
         """Enqueue one U-Net call: reads the device image buffer (x_ptr), writes eps (eps_ptr).
-        step = (noise rows, step coefficients) device pointers: final_conv then also takes the
-        sampler's step on the image buffer in place (kernels/io.cu, kernels/sample.cu).
-        t_writer = (side stream, fork event, join event, enqueue(side stream)): work that writes the
-        timesteps, forked onto the side stream at the start and joined just before the first kernel
-        that reads them (init_conv does not), so that it runs beside the first ops, not before them."""
+        step: gpu mode's step tables; init_conv then also advances the sampler's step (the counter,
+        t_idx and the step's coefficients) and final_conv takes that step on the image buffer in
+        place (kernels/io.cu), so the timesteps are t_idx's."""
         tp = self.t_idx_ptr if t_idx_ptr is None else int(t_idx_ptr)
         same = tp == self.t_idx_ptr
+        if step is not None and not same:
+            raise ValueError("a sampler step reads its timesteps from t_idx, which it advances")
+        sargs = None if step is None else self.step_args(step)
         pending, self._pending = self._pending, []
-        if t_writer is not None:
-            side, fork, join, enqueue = t_writer
-            fork.record(stream)
-            self.backend.wait(side, fork)
-            enqueue(side)
-            join.record(side)
         for i, L in enumerate(self.launches):
             if pending:                       # early start: wait for this op's weights only
                 self.backend.wait(stream, pending[i])
-            if t_writer is not None and (L.t_pos is not None or i + 1 == len(self.launches)):
-                self.backend.wait(stream, t_writer[2])
-                t_writer = None
-            args = L.args if same and (step is None or L.step_pos is None) else L.args_for(
-                tp, None if step is None else (self.x_ptr, *step))
+            args = L.args if same and (sargs is None or L.step_pos is None) else L.args_for(tp, sargs)
             L.fn.launch(L.grid, L.block, args, L.smem, stream)
 
     def launch_op(self, name: str, stream: Any = None) -> None:

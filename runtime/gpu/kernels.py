@@ -24,7 +24,7 @@ from .. import kernels_dir
 from ..errors import KernelCompileError
 from .cubins import CubinCache
 
-SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "sample.cu", "noise.cu")
+SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "noise.cu")
 PIPE_SOURCE = "conv_pipe.cu"   # after conv.cu, only in modules with a cp.async conv (ConvKey.stages)
 HALO_SOURCE = "conv_halo.cu"   # after conv_pipe.cu, only in modules with a halo conv (ConvKey.halo)
 DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16")}

@@ -144,12 +144,12 @@ def largest_batch(need: Callable[[int], int], budget: int, hi: Optional[int] = N
 
 
 # ---- the whole sampler -----------------------------------------------------------------------------------
-DEVICE_ONLY_TABLES = ("cur",)   # written by advance_step on the device, never staged from the host
+DEVICE_ONLY_TABLES = ("cur",)   # written by the step advance (kernels/io.cu init_conv) on the device, never staged from the host
 
 
 def sampler_tables(config: Any, batch: int) -> Dict[str, int]:
     """gpu mode's device tables (GpuSampler._prepare_gpu): step coefficients, noise row per step,
-    t per step, the step counter, the current step's coefficients (kernels/sample.cu), and the noise
+    t per step, the step counter, the current step's coefficients (kernels/io.cu), and the noise
     of every step for the whole batch (fp32)."""
     T, n = config.timesteps, batch * config.channels * config.image_size ** 2
     return {"coef": 12 * T, "noise_row": 4 * T, "t_of_step": 4 * T, "counter": 4, "cur": 16, "noise": 4 * n * T}

@@ -87,6 +87,7 @@ class Resolver:
     """Device addresses, supplied by the executor once memory is allocated (interface only)."""
     t_idx: Any = None      # a marker the executor swaps per call
     step: Any = None       # a marker: final_conv's sampler-step pointers (xs, noise, step), null unless swapped
+    advance: Any = None    # a marker: init_conv's step-advance arguments (kernels/io.cu), null unless swapped
     norm_eps: float = 1e-5
 
     def tensor(self, name: str) -> Tuple[int, int]: ...          # (ptr, pixel stride ld)
@@ -681,13 +682,13 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
         wb = pack_init_tc(w, ctx.precision, coutp)
         th, tw = INIT_TC_TILE
         smem = 8 * (th + k - 1) * (tw + k - 1) + wb.nbytes
-        grid, threads = (cdiv(size, th) * cdiv(size, tw), 1, ctx.batch), INIT_TC_THREADS
+        tiles, threads = cdiv(size, th) * cdiv(size, tw), INIT_TC_THREADS
     else:
         coutp = round_up(cout, 8)
         wb = np.zeros((k, k, cin, coutp), dtype=np.float32)
         wb[..., :cout] = w.transpose(2, 3, 1, 0)
         smem = 4 * (cin * (INIT_TILE + k - 1) * init_row(key.tw + k - 1) + wb.size)
-        grid, threads = (cdiv(size, INIT_TILE) * cdiv(size, key.tw), 1, ctx.batch), 256
+        tiles, threads = cdiv(size, INIT_TILE) * cdiv(size, key.tw), 256
     if smem > SMEM_LIMIT:
         raise ConfigError(f"{op.out}: init_conv needs {smem} B of shared memory (> {SMEM_LIMIT})")
     blobs = {"w": wb.reshape(-1), "bias": padded(ctx.params[op.prefix + ".bias"], coutp)}
@@ -696,9 +697,10 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
         x_ptr, _ = r.tensor(op.x)
         out_ptr, ldo = r.tensor(op.out)
         return (P(x_ptr), I(size), I(size), I(cin), P(r.blob(op.out, "w")), P(r.blob(op.out, "bias")),
-                P(out_ptr), I(cout), I(coutp), I(ldo))
+                P(out_ptr), I(cout), I(coutp), I(ldo), I(tiles), r.advance, P(0), P(0), P(0), P(0), P(0), I(0))
 
-    return OpSpec(op, key, grid, (threads, 1, 1), smem, blobs, make_args)
+    # one CTA more per sample: the sampler's step advance (kernels/io.cu; it returns at once in a plain call)
+    return OpSpec(op, key, (tiles + 1, 1, ctx.batch), (threads, 1, 1), smem, blobs, make_args)
 
 
 def final_spec(op: Op, ctx: Ctx) -> OpSpec:

@@ -6,9 +6,10 @@ cpu (the seed design): each step runs the U-Net on a compute stream, copies eps 
     >= 2 the batch is split into two halves in ping-pong: the GPU runs one half's U-Net while the
     CPU samples the other. The next step's time-dependent work costs nothing per step: the time
     biases of all T timesteps are computed once per load (see executor.py).
-gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (final_conv); one
-    CUDA graph holds a whole step (advance_step on a branch beside init_conv, then the U-Net) and is
-    replayed for every step, because the kernels read the step number from device memory. Images
+gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (final_conv), and its
+    first (init_conv) advances the step in an extra CTA; one CUDA graph holds a whole step (the
+    U-Net) and is replayed for every step, because the kernels read the step number from device
+    memory. Images
     equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is either drawn
     on the CPU and uploaded in chunks on the copy stream while earlier steps run (noise="host"), or
     drawn on the GPU by runtime.gpu.noise (on a side stream beside the steps, each draw a CUDA
@@ -19,8 +20,7 @@ Streams: on an H100 a process in which a few plain (non-graph) kernel launches w
     stream runs every later kernel launch ~0.2 us slower for good, graphs included (a batch-1 U-Net
     call 400 -> 427 us); graph launches on other streams do not do that (docs/perf-notes.md session
     15). So in gpu mode plain launches go to the compute stream only: the side stream's draws are
-    graphs, advance_step's branch exists only inside the step graph, and a Pipeline keeps one
-    compute stream for all its samplers. (cpu mode's ping-pong launches its second half-batch on a
+    graphs, and a Pipeline keeps one compute stream for all its samplers. (cpu mode's ping-pong launches its second half-batch on a
     second stream, and pays for it.)
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ..errors import NoiseUnsupported, RuntimeErrorBase, UsageError, stderr_noti
 from ..schedule import NoiseStream, Step, p_sample
 from ..trace import Timeline
 from . import memory
-from .executor import GpuExecutor
+from .executor import GpuExecutor, StepTables
 from .noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise, draw_rows
 
 MODES = ("gpu", "cpu")
@@ -97,7 +97,6 @@ class GpuSampler:
         self._host_noise: Optional[np.ndarray] = None
         self._graph: Any = None
         self._tables: Any = None
-        self._branch: Any = None
         self.last_stats: dict = {}
 
     # ---- shared ------------------------------------------------------------------------------------
@@ -114,8 +113,8 @@ class GpuSampler:
 
     @property
     def streams(self) -> List[Any]:
-        extra = [s for s in (self.side, self._branch) if s is not None and s not in self.compute]
-        return self.compute + [self.copy] + extra
+        return self.compute + [self.copy] + ([self.side] if self.side is not None and self.side not in self.compute
+                                             else [])
 
     def close(self) -> None:
         for s in self.streams:
@@ -225,14 +224,12 @@ class GpuSampler:
         n = self.batch * self.image_elems
         offs, total = memory.regions(memory.sampler_tables(self.config, self.batch))   # as the memory report
         self._tables = be.alloc(total)
-        self._off = {k: self._tables.ptr + o for k, o in offs.items()}
-        mod = ex.kernels.module
-        self._advance = mod.get("advance_step")
-        self._branch = be.stream()   # advance_step's branch of each step (GpuExecutor.run t_writer)
-        self._fork, self._join = be.event(timing=False), be.event(timing=False)
+        o = self._off = {k: self._tables.ptr + off for k, off in offs.items()}
+        # n_steps = T, not a run's step count: the graph serves every run
+        self._step = StepTables(o["noise"], o["cur"], o["counter"], o["t_of_step"], o["coef"], o["noise_row"], T)
         if self.noise == "device":
             try:
-                self._dnoise = DeviceNoise(be, n, mod, rows=draw_rows(n, T), graphs=self.graphs)
+                self._dnoise = DeviceNoise(be, n, ex.kernels.module, rows=draw_rows(n, T), graphs=self.graphs)
             except NoiseUnsupported as e:
                 self.notice(f"note: {e}; drawing the noise on the host")
                 self.noise = "host"
@@ -250,28 +247,11 @@ class GpuSampler:
     def _capture(self, stream: Any) -> None:
         """The step graph, captured after the first step was enqueued with plain launches: those
         wait per op for the early-start weight upload, which a graph must not capture."""
-        self.executors[0].wait_weights(stream)
+        ex = self.executors[0]
+        ex.wait_weights(stream)
         self.backend.capture_begin(stream)
-        self._enqueue_step(stream, branch=True)
+        ex.run(stream, step=self._step)
         self._graph = self.backend.capture_end(stream)
-
-    def _enqueue_step(self, stream: Any, branch: bool = False) -> None:
-        """One step: advance_step, then the U-Net, whose final_conv also takes the sampling step
-        (kernels/io.cu). In the step graph (branch) advance_step sits on a side branch that
-        GpuExecutor.run joins before the first op that reads t_idx; plain launches stay on `stream`
-        (see the module's docstring on streams)."""
-        ex, o = self.executors[0], self._off
-
-        def advance(side: Any) -> None:   # n_steps = T, not this run's step count: the graph serves every run
-            self._advance.launch((1, 1, 1), (32, 1, 1), (
-                np.uint64(o["counter"]), np.uint64(ex.t_idx_ptr), np.uint64(o["cur"]), np.uint64(o["t_of_step"]),
-                np.uint64(o["coef"]), np.uint64(o["noise_row"]), np.int32(self.batch),
-                np.int32(self.config.timesteps)), 0, side)
-
-        if not branch:
-            advance(stream)
-        ex.run(stream, ex.t_idx_ptr, t_writer=(self._branch, self._fork, self._join, advance) if branch else None,
-               step=(o["noise"], o["cur"]))
 
     def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline,
                  noise: Optional[str] = None) -> np.ndarray:
@@ -289,7 +269,7 @@ class GpuSampler:
             for k in ("coef", "noise_row", "t_of_step"):
                 be.h2d(self._off[k], tab[k], s0)
             self._tables_for = key
-        tab["counter"][0] = -1   # advance_step, first in each step, moves it to 0 and sets t_idx
+        tab["counter"][0] = -1   # each step's init_conv moves it on and sets t_idx (kernels/io.cu)
         be.h2d(self._off["counter"], tab["counter"], s0)
         done = self._done   # step s records done[s % 2]; the host waits for step s - 1 after enqueuing s
         n_rows = int(rows[-1]) + 1 if len(rows) else 0
@@ -303,8 +283,8 @@ class GpuSampler:
                 with nvtx(be, f"step {s}"):
                     if self._graph is not None:
                         self._graph.launch(s0)
-                    else:
-                        self._enqueue_step(s0)
+                    else:   # one step: the U-Net, whose first and last kernels advance and take it
+                        ex.run(s0, step=self._step)
                 if e1 is not None:
                     e1.record(s0)
                 done[s % 2].record(s0)
