@@ -34,8 +34,8 @@
 //   With xs (the sampler's fp32 NHWC image; GpuExecutor.run(step=...)) it also takes the sampling
 //   step in place, xs = c_x * xs + c_eps * eps + sigma * z with (c_x, c_eps, sigma, row) = *step
 //   (init_conv's step advance, below) and z the NCHW noise row `row` of npix * Cout values (none
-//   when row is -1; hw pixels per image), exactly as the host's generator fills it, so host noise is drawn
-//   straight into pinned memory with no transpose pass (at batch 16 the transpose made the noise
+//   when row is -1; hw pixels per image), exactly as the host's generator fills it, so host noise is
+//   drawn straight into pinned memory with no transpose pass (at batch 16 the transpose made the noise
 //   thread, not the GPU, the bottleneck). One kernel fewer per step than a separate p_sample.
 // The sampler's step advance (the pipeline's GPU mode), taken by init_conv, the first kernel of a
 //   step: one extra CTA per sample (grid.x = the conv's tiles + 1; only sample 0's does the work, the

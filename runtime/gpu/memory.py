@@ -144,7 +144,8 @@ def largest_batch(need: Callable[[int], int], budget: int, hi: Optional[int] = N
 
 
 # ---- the whole sampler -----------------------------------------------------------------------------------
-DEVICE_ONLY_TABLES = ("cur",)   # written by the step advance (kernels/io.cu init_conv) on the device, never staged from the host
+# written on the device by the step advance (kernels/io.cu init_conv), never staged from the host
+DEVICE_ONLY_TABLES = ("cur",)
 
 
 def sampler_tables(config: Any, batch: int) -> Dict[str, int]:
