@@ -48,7 +48,7 @@ def test_targets_and_batches():
     assert (t87.arch, t87.sms, t72.sms) == (87, (4, 8), (6, 8)) and "Orin Nano 4GB" in t87.label
     assert aot.parse_targets(["90"], sms=[132])[0].sms == (132,)
     assert aot.parse_targets(["native"], native=lambda: (90, 132, "H100"))[0] == \
-        aot.Target(90, (132,), "sm_90 (native: H100, 132 SMs)")
+        aot.Target(90, (132,), "sm_90 (native: H100, 132 SMs)", device="H100")
     with pytest.raises(UsageError, match="--sms"):
         aot.parse_targets(["90"])
     with pytest.raises(UsageError, match="87, sm_87, or native"):
@@ -75,6 +75,53 @@ def test_prepare_builds_each_module_once_then_is_up_to_date(tmp_path, monkeypatc
     be = CubinBackend()                                  # the runtime then only loads
     ex = GpuExecutor(w, "fp16", batch=4, backend=be)
     assert be.builds == [] and len(be.loads) == 1 and ex.kernels.symbols
+
+
+def _tuned_tiles_file(w, folder, device, sms, precision, batch):
+    """A tuning file whose tiles differ from the built-in ones (each tunable op's last candidate)."""
+    from runtime.gpu import ops, tuning
+    from runtime.gpu.executor import view_layout
+    from runtime.plan import build_plan
+    plan = build_plan(w.config)
+    ctx = ops.Ctx(plan, w.params, precision, batch, sms, view_layout(plan))
+    tiles = {op.out: tuning.candidates(op, ctx)[-1] for op in plan.ops if tuning.tunable(op, ctx)}
+    path = Path(folder) / tuning.file_name(device, sms, precision, batch)
+    tuning.dump_tiles(path, tiles, dict(device=device, sms=sms, precision=precision, batch=batch,
+                                        config=w.config.to_dict()))
+    assert aot.module_keys(w, precision, batch, sms, tiles) != aot.module_keys(w, precision, batch, sms)
+    return path
+
+
+def test_prepare_builds_the_module_of_the_tuned_tiles_the_executor_finds(tmp_path, monkeypatch):
+    """Measured tiles (a tuning file) change the executor's module: --prepare must build that one, or
+    the first run compiles after all (the H100's shipped files did that until session 18). Native:
+    the executor's module only. Cross (arch and SM count): the built-in tiles' module and one per
+    tuning file of that SM count, whatever its device (a file tuned on the board, copied back)."""
+    monkeypatch.setattr(KernelSet, "_cache", {})
+    monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path))
+    w = W(TINY)
+    _tuned_tiles_file(w, tmp_path, "fake", 8, "fp16", 1)
+    _tuned_tiles_file(w, tmp_path, "fake", 4, "fp16", 1)     # another SM count: not for an 8-SM target
+    native = aot.Target(87, (8,), "sm_87 (native: fake, 8 SMs)", device="fake")
+    log, lines = [], []
+    assert aot.prepare(w, [native], ["fp16"], [1], fake_compiler(log), cubins.CubinCache(), lines.append) == 0
+    assert len(log) == 1, lines
+    be = CubinBackend()                                       # device "fake", 8 SMs: finds the file
+    with GpuExecutor(w, "fp16", batch=1, backend=be) as ex:
+        assert ex.tiles_from == str(tmp_path / "tiles-fake-8sm-fp16-b1.json")
+        assert be.builds == [] and len(be.loads) == 1
+
+    monkeypatch.setattr(KernelSet, "_cache", {})
+    monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path / "cache2"))
+    log, lines = [], []
+    cross = aot.parse_targets(["87"], sms=[8])
+    assert aot.prepare(w, cross, ["fp16"], [1], fake_compiler(log), cubins.CubinCache(), lines.append) == 0
+    assert len(log) == 2, lines                               # built-in + the 8-SM file
+    for tiles in ({}, None):                                  # given built-in tiles; found by name
+        be = CubinBackend()
+        with GpuExecutor(w, "fp16", batch=1, backend=be, tiles=tiles):
+            assert be.builds == [] and len(be.loads) == 1
 
 
 def test_prepare_reports_compile_errors_in_one_line(tmp_path):

@@ -30,6 +30,7 @@ from .compilers import (ArchUnsupported, nvcc_cubin, nvcc_toolchain, nvrtc_archs
 from .cubins import CubinCache
 from .kernels import MIN_TC_ARCH, module_source, nvrtc_options
 from .ops import Ctx, all_tile_keys, op_spec
+from .tuning import prepare_tiles
 
 COMPILERS = ("auto", "nvrtc", "nvcc")
 # SM counts of the boards of an arch (CUDA cores / 128 on Ampere, / 64 on Volta).
@@ -44,6 +45,7 @@ class Target:
     arch: int
     sms: Tuple[int, ...]
     label: str
+    device: Optional[str] = None   # native: this GPU's name, whose tuning files the executor will find
 
 
 @dataclass(frozen=True)
@@ -70,11 +72,13 @@ class Compiler:
         return other if other is not None and other.archs is not None and other.targets(arch) else self
 
 
-def module_keys(weights: Any, precision: str, batch: int, sms: int) -> List[Any]:
-    """The keys GpuExecutor(weights, precision, batch) hands KernelSet on a GPU with `sms` SMs."""
+def module_keys(weights: Any, precision: str, batch: int, sms: int,
+                tiles: Optional[Mapping[str, Any]] = None) -> List[Any]:
+    """The keys GpuExecutor(weights, precision, batch, tiles=tiles) hands KernelSet on a GPU with
+    `sms` SMs (tiles: a tuning file's; None or {}: the built-in tiles)."""
     from .executor import view_layout   # executor imports kernels; keep this module import-light
     plan = build_plan(weights.config)
-    ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan))
+    ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=dict(tiles or {}))
     keys = set(all_tile_keys(ctx)) | {op_spec(op, ctx).key for op in plan.ops if op.kind != CAT}
     return sorted(keys, key=lambda k: k.symbol)
 
@@ -91,7 +95,7 @@ def parse_targets(values: Sequence[str], sms: Optional[Sequence[int]] = None,
     for v in values:
         if v == "native":
             arch, n, name = (native or native_gpu)()
-            out.append(Target(arch, (n,), f"sm_{arch} (native: {name}, {n} SMs)"))
+            out.append(Target(arch, (n,), f"sm_{arch} (native: {name}, {n} SMs)", device=name))
             continue
         try:
             arch = int(v[3:] if v.startswith("sm_") else v)
@@ -200,11 +204,12 @@ def _prepare_precision(weights: Any, t: Target, precision: str, batches: Sequenc
     modules: Dict[str, Tuple[List[str], List[int]]] = {}   # source -> (symbols, SM counts)
     for sms in t.sms:
         for b in executor_batches(batches):
-            keys = module_keys(weights, precision, b, sms)
-            src = module_source(keys)
-            syms, counts = modules.setdefault(src, (sorted({k.symbol for k in keys}), []))
-            if sms not in counts:
-                counts.append(sms)
+            for _, tiles in prepare_tiles(weights.config, sms, precision, b, t.device):
+                keys = module_keys(weights, precision, b, sms, tiles)
+                src = module_source(keys)
+                syms, counts = modules.setdefault(src, (sorted({k.symbol for k in keys}), []))
+                if sms not in counts:
+                    counts.append(sms)
     options = nvrtc_options(t.arch)
     failures = 0
     for src, (symbols, counts) in modules.items():
