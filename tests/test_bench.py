@@ -285,7 +285,7 @@ def test_gpu_cold_start_runs_cold_warm_and_aot_on_fresh_caches(weights_path, tmp
     for flags in (["--precision", "fp16"], ["--batch", "1"], ["--arch", "native"]):
         i = prep_cmd.index(flags[0])
         assert prep_cmd[i:i + 2] == flags, (flags, prep_cmd)
-    for key in ("CUPY_CACHE_DIR", "JETSON_UNET_CACHE"):
+    for key in ("CUPY_CACHE_DIR", "JETSON_UNET_CACHE", "CUDA_CACHE_PATH"):
         assert warm_env[key] == cold_env[key] != os.environ.get(key)
         assert prep_env[key] == aot_env[key] != cold_env[key], "aot: caches of its own, filled by --prepare"
     assert not Path(cold_env["CUPY_CACHE_DIR"]).parent.parent.exists()     # the temporary caches are removed
