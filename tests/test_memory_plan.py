@@ -187,3 +187,37 @@ def test_sampling_cli_shows_the_compile_notice_on_stderr(tiny_path, tmp_path, ca
     err = capsys.readouterr().err
     assert "compiling GPU kernels for sm_87 (first run; `jetson-sample --prepare` does this ahead of time)" in err
     assert kernels._notice is before
+
+
+@pytest.mark.parametrize("mode", ["gpu", "cpu"])
+def test_sampler_refuses_before_building_and_counts_pinned_on_an_integrated_gpu(mode):
+    """A Jetson's CPU and GPU share one DRAM: the sampler's peak (device + pinned) must fit the free
+    memory there, its device bytes alone on a discrete GPU. Refused before any compile or allocation,
+    with the --plan-only line and the largest batch that fits."""
+    w = W(UNetConfig())
+    est = memory.estimate(w, "fp16", 16, 8, mode, "host")
+    free = est.device_bytes + est.pinned_bytes // 2          # the device part fits, the peak does not
+    be = FakeBackend(free=free, sms=8, integrated=True)
+    with pytest.raises(ArenaError) as ei:
+        GpuSampler(w, "fp16", 16, mode=mode, backend=be)
+    msg = str(ei.value)
+    assert msg.startswith(f"batch 16 fp16 ({mode} mode): weights ") and "pinned host" in msg
+    assert f"for the {est.peak_bytes} needed (device + pinned host" in msg
+    fits = int(re.search(r"the largest batch that fits is (\d+) ", msg).group(1))
+    assert 1 <= fits < 16 and memory.estimate(w, "fp16", fits, 8, mode, "host").peak_bytes <= free
+    assert memory.estimate(w, "fp16", fits + 1, 8, mode, "host").peak_bytes > free
+    assert be.compiled == [] and be.allocs == [], "refused before any compile or allocation"
+    GpuSampler(w, "fp16", 16, mode=mode, backend=FakeBackend(free=free, sms=8)).close()   # discrete: fits
+    with pytest.raises(ArenaError, match=r"\(on the device\)"):
+        GpuSampler(w, "fp16", 16, mode=mode, backend=FakeBackend(free=est.device_bytes - 1, sms=8))
+
+
+def test_executor_alone_counts_its_pinned_buffers_on_an_integrated_gpu():
+    w = W(UNetConfig())
+    ex = memory.estimate(w, "fp16", 4, 8, "gpu", "host")            # its executor part, less the sampler
+    dev = ex.weights_bytes + ex.arena_bytes
+    pinned = memory.executor_pinned(w.config, 4, ex.weights_bytes)
+    with pytest.raises(ArenaError, match=r"device \+ pinned host, in the memory the CPU and GPU share"):
+        GpuExecutor(w, "fp16", batch=4, backend=FakeBackend(free=dev + pinned // 2, sms=8, integrated=True))
+    GpuExecutor(w, "fp16", batch=4, backend=FakeBackend(free=dev + pinned, sms=8, integrated=True)).close()
+    GpuExecutor(w, "fp16", batch=4, backend=FakeBackend(free=dev, sms=8)).close()

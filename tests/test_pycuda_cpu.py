@@ -184,7 +184,7 @@ def fake_pycuda(log, gpus=1):
 
         name = lambda self: "Fake GPU"  # noqa: E731
         compute_capability = lambda self: (8, 7)  # noqa: E731
-        get_attribute = lambda self, a: 8  # noqa: E731
+        get_attribute = lambda self, a: 0 if a == 17 else 8  # noqa: E731  (17: INTEGRATED, a discrete GPU)
         retain_primary_context = lambda self: ctx  # noqa: E731
 
     class Context:
@@ -231,7 +231,7 @@ def fake_pycuda(log, gpus=1):
     drv.memcpy_dtoh_async = lambda dst, src, s: log.append(("d2h", src, dst.nbytes, s))
     drv.module_from_buffer = lambda cubin: (log.append(("load", len(cubin))), Module())[1]
     drv.event_flags = types.SimpleNamespace(DISABLE_TIMING=2)
-    drv.device_attribute = types.SimpleNamespace(MULTIPROCESSOR_COUNT=16)
+    drv.device_attribute = types.SimpleNamespace(MULTIPROCESSOR_COUNT=16, INTEGRATED=17)
     drv.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
     comp = types.ModuleType("pycuda.compiler")
     comp.compile = FakeCompiler().compile

@@ -102,6 +102,11 @@ class CupyBackend:
         free, total = self.rt.memGetInfo()
         return int(free), int(total)
 
+    def integrated(self) -> bool:
+        """True on a GPU that shares the CPU's DRAM (every Jetson): pinned host memory then counts
+        against the same free memory as device allocations."""
+        return bool(self.rt.getDeviceProperties(self.device.id)["integrated"])
+
     # -- memory -------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> DeviceBuffer:
         mem = self.cp.cuda.Memory(max(int(nbytes), 1))   # a plain cudaMalloc, not the pool

@@ -315,6 +315,10 @@ class PycudaBackend:
             free, total = self.cuda.mem_get_info()
         return int(free), int(total)
 
+    def integrated(self) -> bool:
+        """True on a GPU that shares the CPU's DRAM (every Jetson)."""
+        return bool(self.dev.get_attribute(self.cuda.device_attribute.INTEGRATED))
+
     # -- memory -------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> PycudaBuffer:
         with self._active:

@@ -13,13 +13,14 @@ producer and its normalized consumer, and the per-sample timestep indices `t_idx
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..arena import ArenaPlan, activation_elem_bytes, cat_parents
-from ..errors import ArenaError, UsageError
+from ..errors import UsageError
 from ..plan import CAT, Plan, build_plan
 from ..reference import Reference
 from . import memory
@@ -63,6 +64,12 @@ def view_layout(plan: Plan) -> Dict[str, Tuple[int, int]]:
             c0 += off
         out[name] = (plan.tensors[root].channels, c0)
     return out
+
+
+def backend_integrated(backend: Any) -> bool:
+    """Whether the GPU shares the CPU's DRAM (a Jetson); backends without the query: no."""
+    query = getattr(backend, "integrated", None)
+    return bool(query()) if query is not None else False
 
 
 def device_sm_count(backend: Any) -> int:
@@ -134,7 +141,10 @@ class _Addr(Resolver):
 class GpuExecutor:
     def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Any = None,
                  early_start: bool = True, tiles: Optional[Mapping[str, TileChoice]] = None,
-                 extra_keys: Sequence[Any] = ()) -> None:
+                 extra_keys: Sequence[Any] = (),
+                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None) -> None:
+        """fits: checks this executor's memory estimate instead of the executor's own check (a
+        GpuSampler adds its tables to it); either runs before any compile, pinning or upload."""
         if precision not in PRECISIONS:
             raise UsageError(f"GPU precision must be one of {PRECISIONS}, got {precision!r}")
         if batch < 1:
@@ -158,7 +168,7 @@ class GpuExecutor:
         self._wlayout = memory.weights_layout(self.plan, self.specs, self.batch)
         self.arena: ArenaPlan = memory.executor_arena(self.plan, self.specs, precision, self.batch, self.batch,
                                                       (self.stats_parts, self._stats_life))
-        self._check_memory(self._wlayout.nbytes)
+        (fits or self._check_memory)(self.memory_estimate())
         keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs} | set(extra_keys)
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
         big: Dict[str, int] = {}   # the halo conv's dynamic smem goes past the 48 KB that need no opt-in
@@ -206,22 +216,18 @@ class GpuExecutor:
 
     def memory_estimate(self) -> memory.MemoryEstimate:
         """This executor's own bytes, in the report's terms (no sampler tables)."""
-        return memory.MemoryEstimate(self.precision, self.batch, "executor", self._wlayout.nbytes, self.arena.nbytes,
-                                     0, memory.executor_pinned(self.config, self.batch, self._wlayout.nbytes))
+        return memory.executor_estimate(self.config, self.plan, self.specs, self.precision, self.batch,
+                                        self.arena.nbytes)
 
-    def _check_memory(self, weight_bytes: int) -> None:
+    def _check_memory(self, est: memory.MemoryEstimate) -> None:
         """Refuse before allocating: say the bytes needed and the largest batch that fits."""
-        need = self.arena.nbytes + weight_bytes
-        free, _ = self.backend.mem_info()
-        if need <= free:
-            return
         stats = (self.stats_parts, self._stats_life)
-        fits = memory.largest_batch(   # arena bytes grow with the batch; weights do not (but for a tiny table)
-            lambda b: memory.executor_arena(self.plan, self.specs, self.precision, b, self.batch, stats).nbytes
-            + weight_bytes, free, hi=self.batch - 1)
-        raise ArenaError(f"{self.memory_estimate().summary()}: the GPU has {free} bytes free for the {need} "
-                         f"on the device; the largest batch that fits is {fits} (`jetson-sample --plan-only` "
-                         "prints the whole plan)")
+
+        def at(b: int) -> memory.MemoryEstimate:   # the arena grows with the batch; the weights do not
+            return dataclasses.replace(est, batch=b, arena_bytes=memory.executor_arena(
+                self.plan, self.specs, self.precision, b, self.batch, stats).nbytes,
+                pinned_bytes=memory.executor_pinned(self.config, b, est.weights_bytes))
+        memory.check_fits(est, self.backend.mem_info()[0], backend_integrated(self.backend), at)
 
     def _alloc_and_upload(self, host_w: np.ndarray, early_start: bool) -> None:
         """Blocking: one copy, then wait. Early start: one copy per op, in plan order, on a copy

@@ -202,23 +202,30 @@ def executor_specs(weights: Any, precision: str, batch: int, sms: int) -> Tuple[
     return plan, [op_spec(op, ctx) for op in plan.ops if op.kind != CAT]
 
 
-def estimate(weights: Any, precision: str, batch: int, sms: int = 8, mode: str = "gpu",
-             noise: str = "device") -> MemoryEstimate:
-    """Bytes of a GpuSampler(weights, precision, batch, mode, noise=noise) on a GPU with `sms` SMs.
-    gpu mode pins the noise rows on the host (host noise, and device noise's redraw of a flagged
-    run); device noise adds its generator's scratch on the device. cpu mode runs two half-batch
-    executors (two weights allocations) and pins x and eps per run instead."""
+def halves(batch: int, mode: str) -> List[int]:
+    """The executor batch sizes of a sampler: one executor in gpu mode, two half-batch ones in cpu mode."""
+    return [batch] if mode == "gpu" or batch < 2 else [batch - batch // 2, batch // 2]
+
+
+def executor_estimate(config: Any, plan: Plan, specs: Sequence[OpSpec], precision: str, batch: int,
+                      arena_bytes: Optional[int] = None) -> MemoryEstimate:
+    """One GpuExecutor's bytes from its specs (arena_bytes: its planned arena, when already made)."""
+    wl = weights_layout(plan, specs, batch)
+    a = executor_arena(plan, specs, precision, batch, batch).nbytes if arena_bytes is None else arena_bytes
+    return MemoryEstimate(precision, batch, "executor", wl.nbytes, a, 0, executor_pinned(config, batch, wl.nbytes))
+
+
+def sampler_estimate(config: Any, parts: Sequence[MemoryEstimate], batch: int, mode: str,
+                     noise: str = "device") -> MemoryEstimate:
+    """A GpuSampler's bytes: its executors' (`parts`, one per half) plus what the sampler adds. gpu mode
+    pins the noise rows on the host (host noise, and device noise's redraw of a flagged run); device
+    noise adds its generator's scratch on the device. cpu mode pins x and eps per run instead."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    c = weights.config
-    halves = [batch] if mode == "gpu" or batch < 2 else [batch - batch // 2, batch // 2]
-    w = a = pinned = 0
-    for b in halves:
-        plan, specs = executor_specs(weights, precision, b, sms)
-        wl = weights_layout(plan, specs, b)
-        w += wl.nbytes
-        a += executor_arena(plan, specs, precision, b, b).nbytes
-        pinned += executor_pinned(c, b, wl.nbytes)
+    c = config
+    w = sum(e.weights_bytes for e in parts)
+    a = sum(e.arena_bytes for e in parts)
+    pinned = sum(e.pinned_bytes for e in parts)
     if mode == "gpu":
         tables = sampler_tables(c, batch)
         sampler = sum(aligned(v) for v in tables.values())
@@ -230,7 +237,36 @@ def estimate(weights: Any, precision: str, batch: int, sms: int = 8, mode: str =
     else:
         sampler = 0
         pinned += 2 * 4 * batch * c.channels * c.image_size ** 2
-    return MemoryEstimate(precision, batch, mode, w, a, sampler, pinned)
+    return MemoryEstimate(parts[0].precision, batch, mode, w, a, sampler, pinned)
+
+
+def estimate(weights: Any, precision: str, batch: int, sms: int = 8, mode: str = "gpu",
+             noise: str = "device") -> MemoryEstimate:
+    """Bytes of a GpuSampler(weights, precision, batch, mode, noise=noise) on a GPU with `sms` SMs
+    (the built-in tiles)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    parts = []
+    for b in halves(batch, mode):
+        plan, specs = executor_specs(weights, precision, b, sms)
+        parts.append(executor_estimate(weights.config, plan, specs, precision, b))
+    return sampler_estimate(weights.config, parts, batch, mode, noise)
+
+
+def check_fits(est: MemoryEstimate, free: int, integrated: bool, need_at: Callable[[int], MemoryEstimate]) -> None:
+    """Refuse (ArenaError) what does not fit `free` (cudaMemGetInfo), before anything is built. On an
+    integrated GPU (a Jetson) the CPU and GPU share one DRAM, so the pinned host buffers come out of
+    the same free memory: the peak must fit there, the device bytes alone on a discrete GPU. The
+    message is the --plan-only line, the bytes and the largest batch that fits (need_at(b): the
+    estimate at batch b, searched only on a refusal)."""
+    def need(e: MemoryEstimate) -> int:
+        return e.peak_bytes if integrated else e.device_bytes
+    if need(est) <= free:
+        return
+    fits = largest_batch(lambda b: need(need_at(b)), free, hi=est.batch - 1)
+    where = "device + pinned host, in the memory the CPU and GPU share" if integrated else "on the device"
+    raise ArenaError(f"{est.summary()}: the GPU has {free} bytes free for the {need(est)} needed ({where}); the "
+                     f"largest batch that fits is {fits} (`jetson-sample --plan-only` prints the whole plan)")
 
 
 # ---- the report (`jetson-sample --plan-only`) ---------------------------------------------------------------

@@ -36,7 +36,7 @@ from ..errors import NoiseUnsupported, RuntimeErrorBase, UsageError, stderr_noti
 from ..schedule import NoiseStream, Step, p_sample
 from ..trace import Timeline
 from . import memory
-from .executor import GpuExecutor, StepTables
+from .executor import GpuExecutor, StepTables, backend_integrated, device_sm_count
 from .noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise, draw_rows
 
 MODES = ("gpu", "cpu")
@@ -82,8 +82,21 @@ class GpuSampler:
         self.backend = backend or get_backend("cupy")
         self.mode, self.batch, self.precision = mode, int(batch), precision
         self.graphs = bool(graphs) and getattr(self.backend, "supports_graphs", True)   # pycuda: none
-        halves = [batch] if mode == "gpu" or batch < 2 else [batch - batch // 2, batch // 2]
-        self.executors = [GpuExecutor(weights, precision, b, self.backend) for b in halves]
+        # Memory: the whole sampler must fit before anything is compiled, pinned or uploaded (on a
+        # Jetson its pinned buffers too: runtime.gpu.memory.check_fits). gpu mode checks its one
+        # executor's own estimate plus the sampler's tables; cpu mode estimates both halves first.
+        sms, free, integrated = device_sm_count(self.backend), self.backend.mem_info()[0], backend_integrated(self.backend)
+
+        def at(b: int) -> memory.MemoryEstimate:
+            return memory.estimate(weights, precision, b, sms, mode, noise)
+
+        def fits(e: memory.MemoryEstimate) -> None:
+            memory.check_fits(memory.sampler_estimate(weights.config, [e], batch, mode, noise), free, integrated, at)
+        halves = memory.halves(batch, mode)
+        if len(halves) > 1:
+            memory.check_fits(at(batch), free, integrated, at)
+        self.executors = [GpuExecutor(weights, precision, b, self.backend, fits=fits if len(halves) == 1 else None)
+                          for b in halves]
         self.config = weights.config
         # stream: the compute stream, given by a caller that keeps one across samplers (Pipeline,
         # jetson-bench): plain launches on more than one stream slow a process's later launches

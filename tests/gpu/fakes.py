@@ -73,8 +73,8 @@ class FakeEvent:
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, free: int = 8 << 30, arch: int = 87, sms: int = 8) -> None:
-        self.free, self._arch, self._sms = free, arch, sms
+    def __init__(self, free: int = 8 << 30, arch: int = 87, sms: int = 8, integrated: bool = False) -> None:
+        self.free, self._arch, self._sms, self._integrated = free, arch, sms, integrated
         self.launches: List[Any] = []
         self.compiled: List[Tuple[str, Tuple[str, ...], Sequence[str]]] = []
         self._next = 1 << 32
@@ -96,6 +96,9 @@ class FakeBackend:
 
     def mem_info(self) -> Tuple[int, int]:
         return self.free, self.free
+
+    def integrated(self) -> bool:
+        return self._integrated
 
     def alloc(self, nbytes: int) -> FakeBuffer:
         b = FakeBuffer(self._next, nbytes)
