@@ -293,10 +293,10 @@ def _child_env(cache_dir: Optional[str]) -> Dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)   # the folder holding the runtime package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if cache_dir is not None:   # CuPy's kernel cache, the cubin cache and the pycuda backend's, and
-        env["CUPY_CACHE_DIR"] = os.path.join(cache_dir, "cupy")   # the CUDA driver's compute cache
+    if cache_dir is not None:   # CuPy's kernel cache, the cubin cache (and the pycuda backend's), and
+        env["CUPY_CACHE_DIR"] = os.path.join(cache_dir, "cupy")
         env["JETSON_UNET_CACHE"] = os.path.join(cache_dir, "jetson-unet")
-        env["CUDA_CACHE_PATH"] = os.path.join(cache_dir, "cuda")
+        env["CUDA_CACHE_PATH"] = os.path.join(cache_dir, "cuda")   # the driver's, where NVRTC 12.9+ keeps builds
     return env
 
 

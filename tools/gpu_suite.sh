@@ -22,8 +22,10 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >>"$LOG" 2>&1
 step gpu-tests 450 env GPU_REPORT="$OUT/gpu-report.txt" python3 -m pytest -m gpu tests/gpu -q -rs \
   --ignore=tests/gpu/test_gpu_pycuda.py
-# sm_72 cubins through a CUDA 11/12 NVRTC: skips unless $JETSON_UNET_NVRTC or nvidia-cuda-nvrtc-cu11/12 is there
-step nvrtc-sm72 120 python3 -m pytest tests/test_nvrtc_lib.py -q -rs -p no:cacheprovider
+# The Jetson archs from this machine: the shipped model's modules built for sm_87 (nvcc, SASS arch
+# checked) and for sm_72 through a CUDA 11/12 NVRTC (skips unless $JETSON_UNET_NVRTC or
+# nvidia-cuda-nvrtc-cu11/12 is there: carry its wheel in .whl/), so nothing Hopper-only is in them
+step jetson-archs 180 python3 -m pytest tests/test_nvrtc_lib.py tests/test_aot_prepare.py -q -rs -p no:cacheprovider
 [ -n "${QUICK:-}" ] && exit 0
 step sample 60 python3 -m runtime.cli --backend cupy --batch 16 --seed 0 --out "$OUT/gpu-samples.png" \
   --trace "$OUT/trace.json" --quiet

@@ -85,7 +85,8 @@ class GpuSampler:
         # Memory: the whole sampler must fit before anything is compiled, pinned or uploaded (on a
         # Jetson its pinned buffers too: runtime.gpu.memory.check_fits). gpu mode checks its one
         # executor's own estimate plus the sampler's tables; cpu mode estimates both halves first.
-        sms, free, integrated = device_sm_count(self.backend), self.backend.mem_info()[0], backend_integrated(self.backend)
+        sms, free = device_sm_count(self.backend), self.backend.mem_info()[0]
+        integrated = backend_integrated(self.backend)
 
         def at(b: int) -> memory.MemoryEstimate:
             return memory.estimate(weights, precision, b, sms, mode, noise)
