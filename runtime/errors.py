@@ -13,6 +13,19 @@ def stderr_notice(msg: str) -> None:
 class RuntimeErrorBase(Exception):
     """Base of every expected failure (bad input, missing GPU, ...): the CLI prints one line."""
 
+    def __reduce__(self):
+        # Pickled as its message and attributes, rebuilt without __init__ (the subclasses take other
+        # arguments than the message): an error raised in a worker process (the benchmarks' fresh
+        # process per row) then reaches the parent as itself, not as a BrokenProcessPool.
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> "RuntimeErrorBase":
+    e = cls.__new__(cls)
+    e.args = args
+    e.__dict__.update(state)
+    return e
+
 
 class ConfigError(RuntimeErrorBase, ValueError):
     """A model config that does not describe a valid seed-unet."""

@@ -73,3 +73,20 @@ def test_format_version_must_be_the_integer_1(tmp_path, version):
     path = _write(tmp_path / "w.npz", _manifest(p, format_version=version), p)
     with pytest.raises(WeightsError):
         load_weights(path)
+
+
+def test_errors_survive_pickling_as_a_worker_process_sends_them():
+    """tools/bench_unet.py runs each row in a fresh process: a kernel compile error there reached
+    the parent as BrokenProcessPool ("__init__() missing 2 required positional arguments"),
+    because errors whose __init__ takes other arguments than the message did not unpickle."""
+    import pickle
+
+    from runtime.errors import KernelCompileError, WeightsShapeError
+    from runtime.gpu.nvrtc_lib import NVRTCError
+
+    for e in (KernelCompileError("conv.cu", ("-std=c++17",), "m.cu(776): error: ..."),
+              NVRTCError("/x/libnvrtc.so", "nvrtcCompileProgram", 6, "NVRTC_ERROR_COMPILATION"),
+              WeightsShapeError("w.npz", "shape (3,) != (4,)", tensor="init_conv.weight"),
+              UsageError("no op named x")):
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e) and str(back) == str(e) and vars(back) == vars(e)
