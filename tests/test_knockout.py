@@ -1,0 +1,77 @@
+"""tools/knockout.py without a GPU: every knockout still applies to the current kernels (its texts
+occur exactly once: a kernel edit that moves one fails here, not on the device), a revision's
+kernels come out of git, the table's differences, and the usage errors."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import knockout as K  # noqa: E402
+
+from runtime.errors import UsageError  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(K.KNOCKOUTS))
+def test_every_knockout_applies_once_to_the_current_kernels(tmp_path, name):
+    kernels = tmp_path / "kernels"
+    shutil.copytree(ROOT / "kernels", kernels)
+    K.apply(kernels, K.patches(name))
+    changed = [f.name for f in sorted(kernels.glob("*")) if f.is_file()
+               and f.read_bytes() != (ROOT / "kernels" / f.name).read_bytes()]
+    assert changed == sorted({p[0] for p in K.KNOCKOUTS[name][1]})
+
+
+def test_a_text_not_found_once_is_a_usage_error(tmp_path):
+    (tmp_path / "conv.cu").write_text("a; a;")
+    with pytest.raises(UsageError, match="occurs 2 times"):
+        K.apply(tmp_path, [("conv.cu", "a;", "b;")])
+    with pytest.raises(UsageError, match="occurs 0 times"):
+        K.apply(tmp_path, [("conv.cu", "c;", "b;")])
+
+
+def test_variants_join_with_plus_and_unknown_names_fail():
+    assert K.patches("gelu+stats") == K.KNOCKOUTS["gelu"][1] + K.KNOCKOUTS["stats"][1]
+    with pytest.raises(UsageError, match="no knockout named 'nope'"):
+        K.patches("gelu+nope")
+
+
+def test_make_tree_copies_the_runtime_and_patches_only_the_copy(tmp_path):
+    tree = K.make_tree(tmp_path / "t", "kloop")
+    assert (tree / "tools" / "bench_unet.py").is_file() and (tree / "runtime" / "gpu" / "ops.py").is_file()
+    assert "ntiles = 0 * (ke - kb);" in (tree / "kernels" / "conv_pipe.cu").read_text()
+    assert "ntiles = 0 * (ke - kb);" not in (ROOT / "kernels" / "conv_pipe.cu").read_text()
+
+
+def test_ref_kernels_come_from_git(tmp_path):
+    if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                                                     capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    K.ref_kernels("HEAD", tmp_path)
+    want = subprocess.run(["git", "show", "HEAD:kernels/conv.cu"], cwd=ROOT, capture_output=True, check=True).stdout
+    assert (tmp_path / "conv.cu").read_bytes() == want
+    with pytest.raises(UsageError, match="--ref no-such-rev"):
+        K.ref_kernels("no-such-rev", tmp_path)
+
+
+def test_summary_gives_each_variant_its_median_saving_against_the_base():
+    times = {"working tree": [{1: 0.395, 16: 1.034}, {1: 0.395, 16: 1.030}],
+             "gelu": [{1: 0.384, 16: 0.984}, {1: 0.384, 16: 0.985}]}
+    lines = K.summary(times, "working tree")
+    gelu16 = next(line for line in lines if line.startswith("gelu") and " 16 " in line)
+    assert "0.984 / 0.985" in gelu16 and gelu16.split()[-1] == "47.5"
+    base1 = next(line for line in lines if line.startswith("working tree") and " 1 " in line)
+    assert base1.rstrip().endswith("0.395 / 0.395")
+
+
+def test_cli_usage_errors_exit_2_with_one_line():
+    for argv in ([], ["nope"]):
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), *argv], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.startswith("knockout: ") and len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), "--list"], capture_output=True, text=True)
+    assert r.returncode == 0 and all(name in r.stdout for name in K.KNOCKOUTS)

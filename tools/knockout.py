@@ -1,0 +1,186 @@
+"""Where a U-Net call's GPU time goes, without a profiler: time the working tree against copies of it
+whose kernels have one part removed (a knockout: the results are wrong, only the time counts), or
+against the kernels of another git revision (an A/B of a kernel change). Runs on any CUDA GPU that
+tools/bench_unet.py runs on, a Jetson included.
+
+    python3 tools/knockout.py gelu stats kloop gn        # each knockout alone, vs the working tree
+    python3 tools/knockout.py gelu+stats --batches 1     # two knockouts in one copy
+    python3 tools/knockout.py --ref HEAD~1               # the working tree vs HEAD~1's kernels/
+    python3 tools/knockout.py --list                     # the knockouts and what each removes
+
+Each variant is a copy of runtime/, kernels/, tools/, weights/ and pyproject.toml in a scratch
+folder, its kernels patched (each knockout is a list of exact replacements in kernels/*.cu; a
+replacement whose text is not found exactly once fails before anything runs) or taken from a
+revision (`git show REV:kernels/...`; the Python is the working tree's). Every row is
+`tools/bench_unet.py --no-torch` in a fresh process in its copy, and the variants take turns for
+--rounds rounds: the method of docs/perf-notes.md, where session 19's table came from. Printed
+last: graph ms per variant, batch and round, and each variant's median difference to the working
+tree ("saves": positive when the variant is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runtime.errors import UsageError  # noqa: E402
+
+Patch = Tuple[str, str, str]   # (file in kernels/, text found exactly once, its replacement)
+
+KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
+    "gelu": ("the GEMM convs' GELU", [
+        ("conv.cu", "if (gelu) { v0 = gelu_f(v0); v1 = gelu_f(v1); }", "")]),
+    "stats": ("the GroupNorm statistics epilogue of the GEMM convs", [
+        ("conv.cu", "        if (st_part) {   // GroupNorm partials", "        if (false) {   // GroupNorm partials")]),
+    "store": ("the GEMM convs' output stores (the values are still computed: the statistics use them)", [
+        ("conv.cu", "if (VEC > 1 && ok1) {   // VEC > 1", "if (false) {   // VEC > 1"),
+        ("conv.cu", "if (ok0) out[pix * ldo + n] = D::from_f(v0);\n"
+                    "                    if (ok1) out[pix * ldo + n + 1] = D::from_f(v1);",
+         "if (v0 == 1234.5f) out[pix * ldo + n] = D::from_f(v1);")]),
+    "kloop": ("the k loops of the cp.async and halo convs (no copies, no mma)", [
+        ("conv_halo.cu", "ntiles = ke - kb;", "ntiles = 0 * (ke - kb);"),
+        ("conv_pipe.cu", "ntiles = ke - kb;", "ntiles = 0 * (ke - kb);")]),
+    "gn": ("the GroupNorm prologue of the cp.async and halo convs (merge, table or pad values)", [
+        ("conv_halo.cu", "const bool norm = gn_part != nullptr;", "const bool norm = false;"),
+        ("conv_pipe.cu", "const bool norm = gn_part != nullptr;", "const bool norm = false;")]),
+    "gnloop": ("the GroupNorm merge's partials past the first 32 (their second round trip)", [
+        ("common.cuh", "for (int i = lane + 32; i < P; i += 32 * NB) {", "for (int i = lane + 32; i < 0; i += 32 * NB) {")]),
+    "nopad": ("the folded GroupNorm's pad-vector writes after each k-tile's wait", [
+        ("conv_pipe.cu", "        if constexpr (FOLD) {\n            const Vec<S, VEC> pad",
+         "        if constexpr (FOLD) {\n            return;\n            const Vec<S, VEC> pad"),
+        ("conv_halo.cu", "if constexpr (FOLD) {   // the pad vector over", "if constexpr (FOLD) { return;   // the pad vector over")]),
+}
+COPIED = ("runtime", "kernels", "tools", "weights", "pyproject.toml")
+
+
+def patches(variant: str) -> List[Patch]:
+    """A variant's replacements: knockout names joined by '+'."""
+    out: List[Patch] = []
+    for name in variant.split("+"):
+        if name not in KNOCKOUTS:
+            raise UsageError(f"no knockout named {name!r} (known: {', '.join(KNOCKOUTS)})")
+        out += KNOCKOUTS[name][1]
+    return out
+
+
+def apply(kernels: Path, plist: Sequence[Patch]) -> None:
+    """Every replacement's text must occur exactly once in its file, else UsageError (the kernels
+    changed since the knockout was written: update it here)."""
+    for fname, old, new in plist:
+        path = kernels / fname
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise UsageError(f"kernels/{fname}: the knockout text occurs {text.count(old)} times, not once: {old[:60]!r}")
+        path.write_text(text.replace(old, new))
+
+
+def ref_kernels(rev: str, dest: Path, repo: Path = ROOT) -> None:
+    """Overwrite dest's files with the kernels/ of git revision `rev`."""
+    try:
+        names = subprocess.run(["git", "ls-tree", "--name-only", rev, "kernels/"], cwd=repo, check=True,
+                               capture_output=True, text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise UsageError(f"--ref {rev}: cannot list its kernels/ ({getattr(e, 'stderr', '') or e})".strip()) from None
+    for name in names:
+        blob = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=repo, check=True, capture_output=True).stdout
+        (dest / Path(name).name).write_bytes(blob)
+
+
+def make_tree(dest: Path, variant: str, ref: str = "") -> Path:
+    """A copy of the working tree's runtime with its kernels patched (variant) or from `ref`."""
+    plist = patches(variant) if variant else []
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    if ref:
+        ref_kernels(ref, dest / "kernels")
+    apply(dest / "kernels", plist)
+    return dest
+
+
+def bench(tree: Path, args: argparse.Namespace) -> Dict[int, float]:
+    """One fresh bench_unet.py --no-torch in `tree`: {batch: graph ms}."""
+    out = tree / "knockout-rows.json"
+    cmd = [sys.executable, "tools/bench_unet.py", "--no-torch", "--batches", args.batches, "--precisions",
+           args.precision, "--iters", str(args.iters), "--repeats", str(args.repeats), "--json", str(out)]
+    r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{tree.name}: bench_unet failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+    return {row["batch"]: row["graph_ms"] for row in json.loads(out.read_text())}
+
+
+def summary(times: Dict[str, List[Dict[int, float]]], base: str) -> List[str]:
+    """Table lines: per variant and batch the graph ms of each round, and the median difference to
+    `base` in us (positive: the variant is faster)."""
+    lines = [f"{'variant':24s} {'batch':>5s} {'graph ms per round':>28s} {'saves us':>9s}"]
+    for name, rounds in times.items():
+        for b in sorted(rounds[0]):
+            ms = [r[b] for r in rounds]
+            ref = statistics.median(r[b] for r in times[base])
+            saves = "" if name == base else f"{1000 * (ref - statistics.median(ms)):9.1f}"
+            lines.append(f"{name:24s} {b:5d} {' / '.join(f'{v:.3f}' for v in ms):>28s} {saves:>9s}")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("variants", nargs="*", help="knockouts (join with '+' for several in one copy)")
+    ap.add_argument("--ref", action="append", default=[], metavar="REV",
+                    help="also time the kernels of this git revision (repeatable)")
+    ap.add_argument("--list", action="store_true", help="print the knockouts and exit")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
+    ap.add_argument("--rounds", type=int, default=2, help="turns each variant takes (default: 2)")
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--keep", default="", help="build the copies here and keep them (default: a temp folder)")
+    ap.add_argument("--json", default="", help="also write {variant: [{batch: ms}, ...]} here")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, (what, _) in KNOCKOUTS.items():
+            print(f"{name:8s} removes {what}")
+        return 0
+    if not args.variants and not args.ref:
+        raise UsageError("name at least one knockout or --ref (see --list)")
+    for v in args.variants:
+        patches(v)   # unknown names fail before any copy is made
+    work = Path(args.keep or tempfile.mkdtemp(prefix="knockout-"))
+    trees = {"working tree": ROOT}
+    for v in args.variants:
+        trees[v] = make_tree(work / v.replace("+", "_"), v)
+    for rev in args.ref:
+        trees[f"ref {rev}"] = make_tree(work / ("ref_" + "".join(c if c.isalnum() else "_" for c in rev)), "", rev)
+    times: Dict[str, List[Dict[int, float]]] = {name: [] for name in trees}
+    for rnd in range(args.rounds):
+        for name, tree in trees.items():
+            times[name].append(bench(tree, args))
+            print(f"round {rnd + 1} {name}: " + ", ".join(f"b{b} {ms:.3f} ms" for b, ms in times[name][-1].items()),
+                  flush=True)
+    print("\n".join(summary(times, "working tree")))
+    if args.json:
+        Path(args.json).write_text(json.dumps({k: [{str(b): ms for b, ms in r.items()} for r in v]
+                                               for k, v in times.items()}, indent=1))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UsageError as e:
+        print(f"knockout: {e}", file=sys.stderr)
+        sys.exit(2)
