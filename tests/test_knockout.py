@@ -75,3 +75,22 @@ def test_cli_usage_errors_exit_2_with_one_line():
         assert r.returncode == 2 and r.stderr.startswith("knockout: ") and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), "--list"], capture_output=True, text=True)
     assert r.returncode == 0 and all(name in r.stdout for name in K.KNOCKOUTS)
+
+
+def test_main_alternates_the_variants_and_cleans_up(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_bench(tree, args, out):
+        calls.append(tree)
+        assert out.parent.is_dir()
+        return {1: 0.300 if "gelu" in str(tree) else 0.310, 16: 1.0}
+
+    monkeypatch.setattr(K, "bench", fake_bench)
+    made = []
+    monkeypatch.setattr(K.tempfile, "mkdtemp", lambda prefix: str(made.append(tmp_path / "w") or made[0]))
+    assert K.main(["gelu", "--rounds", "2", "--json", str(tmp_path / "t.json")]) == 0
+    assert [c == K.ROOT for c in calls] == [True, False, True, False]   # the copies take turns
+    out = capsys.readouterr().out
+    assert "gelu" in out.splitlines()[-2] and out.splitlines()[-2].split()[-1] == "10.0"
+    assert '"gelu"' in (tmp_path / "t.json").read_text()
+    assert not (tmp_path / "w").exists()   # the copies are removed without --keep

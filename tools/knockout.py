@@ -99,6 +99,7 @@ def ref_kernels(rev: str, dest: Path, repo: Path = ROOT) -> None:
 def make_tree(dest: Path, variant: str, ref: str = "") -> Path:
     """A copy of the working tree's runtime with its kernels patched (variant) or from `ref`."""
     plist = patches(variant) if variant else []
+    shutil.rmtree(dest, ignore_errors=True)   # a --keep folder from an earlier run
     for name in COPIED:
         src = ROOT / name
         if src.is_dir():
@@ -111,14 +112,13 @@ def make_tree(dest: Path, variant: str, ref: str = "") -> Path:
     return dest
 
 
-def bench(tree: Path, args: argparse.Namespace) -> Dict[int, float]:
-    """One fresh bench_unet.py --no-torch in `tree`: {batch: graph ms}."""
-    out = tree / "knockout-rows.json"
+def bench(tree: Path, args: argparse.Namespace, out: Path) -> Dict[int, float]:
+    """One fresh bench_unet.py --no-torch in `tree` (its rows to the JSON file `out`): {batch: graph ms}."""
     cmd = [sys.executable, "tools/bench_unet.py", "--no-torch", "--batches", args.batches, "--precisions",
            args.precision, "--iters", str(args.iters), "--repeats", str(args.repeats), "--json", str(out)]
     r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"{tree.name}: bench_unet failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+        raise RuntimeError(f"{tree}: bench_unet failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
     return {row["batch"]: row["graph_ms"] for row in json.loads(out.read_text())}
 
 
@@ -158,6 +158,7 @@ def main(argv=None) -> int:
     for v in args.variants:
         patches(v)   # unknown names fail before any copy is made
     work = Path(args.keep or tempfile.mkdtemp(prefix="knockout-"))
+    work.mkdir(parents=True, exist_ok=True)
     trees = {"working tree": ROOT}
     for v in args.variants:
         trees[v] = make_tree(work / v.replace("+", "_"), v)
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     times: Dict[str, List[Dict[int, float]]] = {name: [] for name in trees}
     for rnd in range(args.rounds):
         for name, tree in trees.items():
-            times[name].append(bench(tree, args))
+            times[name].append(bench(tree, args, work / "rows.json"))
             print(f"round {rnd + 1} {name}: " + ", ".join(f"b{b} {ms:.3f} ms" for b, ms in times[name][-1].items()),
                   flush=True)
     print("\n".join(summary(times, "working tree")))
