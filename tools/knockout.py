@@ -40,6 +40,12 @@ Patch = Tuple[str, str, str]   # (file in kernels/, text found exactly once, its
 KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
     "gelu": ("the GEMM convs' GELU", [
         ("conv.cu", "if (gelu) { v0 = gelu_f(v0); v1 = gelu_f(v1); }", "")]),
+    # the GELU replaced by something of one of its costs, to tell which of them the "gelu" row is
+    "gelu-mufu": ("the GELU's arithmetic, its one MUFU op (ex2) kept", [
+        ("common.cuh", "return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));", "return exp2f(v);")]),
+    "gelu-fma": ("the GELU's MUFU op, ~24 dependent fma kept (about erff's instruction count)", [
+        ("common.cuh", "return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));",
+         "float p = v;\n#pragma unroll\n    for (int i = 0; i < 24; ++i) p = fmaf(p, 0.03125f, v);\n    return p;")]),
     "stats": ("the GroupNorm statistics epilogue of the GEMM convs", [
         ("conv.cu", "        if (st_part) {   // GroupNorm partials", "        if (false) {   // GroupNorm partials")]),
     "store": ("the GEMM convs' output stores (the values are still computed: the statistics use them)", [
@@ -151,7 +157,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.list:
         for name, (what, _) in KNOCKOUTS.items():
-            print(f"{name:8s} removes {what}")
+            print(f"{name:10s} removes {what}")
         return 0
     if not args.variants and not args.ref:
         raise UsageError("name at least one knockout or --ref (see --list)")
