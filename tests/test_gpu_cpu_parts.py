@@ -240,3 +240,30 @@ def test_device_noise_stream(batch, graphs):
     assert (s.side is s.compute[0]) == (not graphs)
     assert len(s.streams) == len({id(x) for x in s.streams}), "each stream once"
     s.close()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("src", [np.float16, np.float32])
+def test_packing_shortcuts_give_the_float64_route_s_bits(precision, src):
+    """pack_gemm packs an fp16 segment straight into fp16 and fold_weights multiplies in fp32 (the
+    executor's start-up: ~30% less host time at fp16). Both must give the bits of the plain route:
+    everything in fp32 / float64, then one rounding to the device dtype."""
+    rng = np.random.default_rng(7)
+    cin, taps, n = 24, 9, 40
+    seg0 = (rng.standard_normal((n, taps * cin)) * np.exp(rng.uniform(-12, 6, (n, taps * cin)))).astype(src)
+    seg1 = rng.standard_normal((n, 16)).astype(src)
+    gn_w = rng.uniform(-2, 2, cin).astype(np.float16)
+    gn_b = rng.standard_normal(cin).astype(np.float16)
+    bias = rng.standard_normal(n).astype(np.float32)
+    wf, bf = ops.fold_weights(seg0, bias, gn_w, gn_b)
+    w64 = seg0.astype(np.float64)
+    g64, b64 = np.tile(gn_w.astype(np.float64), taps), np.tile(gn_b.astype(np.float64), taps)
+    assert wf.dtype == np.float32 and np.array_equal(wf.view(np.uint32), (w64 * g64).astype(np.float32).view(np.uint32))
+    assert np.array_equal(bf, (bias.astype(np.float64) + w64 @ b64).astype(np.float32))
+    for segs in ([seg0, seg1], [wf, seg1]):
+        got, ld, nks = ops.pack_gemm(precision, 32, 64, segs)
+        plain = np.zeros((64, 256 + 64), np.float32)   # N to BN 32, each K segment to BK 64
+        plain[:n, :taps * cin] = segs[0]
+        plain[:n, 256:256 + 16] = segs[1]
+        want = plain.T.copy() if precision == "fp32" else ops.to_device(plain, precision)
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8)) and nks == [4, 1]

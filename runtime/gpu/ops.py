@@ -350,8 +350,10 @@ def vec_for(precision: str, ctx: Ctx, names: Sequence[Optional[str]], channels: 
 # ---- weight packing -------------------------------------------------------------------------------
 
 def conv_matrix(op: Op, params: Mapping[str, np.ndarray]) -> np.ndarray:
-    """(Cout, K) with K ordered (ky, kx, c); unshuffle2's channel c*4+dy*2+dx becomes tap (dy, dx)."""
-    w = np.asarray(params[op.prefix + ".weight"], dtype=np.float32)
+    """(Cout, K) with K ordered (ky, kx, c); unshuffle2's channel c*4+dy*2+dx becomes tap (dy, dx).
+    In the parameter's own dtype (fp16 for the shipped weights): pack_gemm converts once, where
+    the packed dtype differs, and fold_weights computes in fp32."""
+    w = np.asarray(params[op.prefix + ".weight"])
     if op.in_map == "unshuffle2":
         o, c4 = w.shape[:2]
         w = w.reshape(o, c4 // 4, 2, 2).transpose(0, 2, 3, 1)
@@ -366,14 +368,16 @@ def pack_gemm(precision: str, bn: int, bk: int, segs: Sequence[np.ndarray]) -> T
     n = segs[0].shape[0]
     kps = [round_up(s.shape[1], bk) for s in segs]
     npad = round_up(n, bn)
-    w = np.zeros((npad, sum(kps)), dtype=np.float32)
+    # fp16: straight into the packed dtype (an fp16 segment is copied, an fp32 one rounded to nearest
+    # even as to_device does); bf16 goes through fp32 and to_device's rounding
+    w = np.zeros((npad, sum(kps)), dtype=np.float16 if precision == "fp16" else np.float32)
     k0 = 0
     for s, kp in zip(segs, kps):
         w[:n, k0:k0 + s.shape[1]] = s
         k0 += kp
     if precision == "fp32":
         return np.ascontiguousarray(w.T), npad, [kp // bk for kp in kps]
-    return to_device(w, precision), w.shape[1], [kp // bk for kp in kps]
+    return (w if precision == "fp16" else to_device(w, precision)), w.shape[1], [kp // bk for kp in kps]
 
 
 def padded(v: np.ndarray, n: int) -> np.ndarray:
@@ -405,15 +409,18 @@ def fold_weights(seg0: np.ndarray, bias: np.ndarray, gn_w: np.ndarray, gn_b: np.
     """Segment 0 of the GEMM (Cout, K, K ordered (tap, c)) as W * gn_w, and the bias plus
     P = W . gn_b (fold_norm; computed in float64 from the unrounded W)."""
     taps = seg0.shape[1] // gn_w.size
-    g, b = np.tile(np.asarray(gn_w, np.float64), taps), np.tile(np.asarray(gn_b, np.float64), taps)
-    w = seg0.astype(np.float64)
-    return (w * g).astype(np.float32), (bias.astype(np.float64) + w @ b).astype(np.float32)
+    w = np.asarray(seg0, dtype=np.float32)
+    # W * gn_w in fp32: one rounding of the exact product, the same bits as the float64 product
+    # (exact for two fp32 factors) rounded to fp32, without the float64 copy of W
+    wg = w * np.tile(np.asarray(gn_w, np.float32), taps)
+    b = np.tile(np.asarray(gn_b, np.float64), taps)
+    return wg, (bias.astype(np.float64) + w.astype(np.float64) @ b).astype(np.float32)
 
 
 def fold_table(w: np.ndarray, precision: str, k0: int, gn_w: np.ndarray, gn_b: np.ndarray) -> np.ndarray:
     """The folded GroupNorm's gn_fold blob: r = gn_b / gn_w (Cin), then Q[n] = the sum of the packed,
     rounded weights' first k0 columns (segment 0, padding included: zeros) for each of the Npad rows."""
-    q = from_device(w[:, :k0], precision).astype(np.float64).sum(axis=1)
+    q = (w[:, :k0] if precision == "fp16" else from_device(w[:, :k0], precision)).astype(np.float64).sum(axis=1)
     r = np.asarray(gn_b, np.float64) / np.asarray(gn_w, np.float64)
     return np.concatenate([r, q]).astype(np.float32)
 
@@ -457,7 +464,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     xr, cr = None, 0
     if op.residual_conv:
         xr, cr = op.residual, plan.tensors[op.residual].channels
-        segs.append(np.asarray(p[op.residual_conv + ".weight"], dtype=np.float32).reshape(n, cr))
+        segs.append(np.asarray(p[op.residual_conv + ".weight"]).reshape(n, cr))
         bias = bias + np.asarray(p[op.residual_conv + ".bias"], dtype=np.float32)
     res = op.residual if (op.residual and not op.residual_conv) else None
     gn_w, gn_b = (p[op.norm + ".weight"], p[op.norm + ".bias"]) if op.norm else (None, None)
@@ -548,7 +555,8 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
     key = gate_key(op, ctx)
     tile = (key.bm, key.bn)
     f32 = lambda k: np.asarray(p[op.prefix + k], dtype=np.float32)  # noqa: E731
-    segs = [f32(".gate_conv.weight").reshape(g, g), f32(".residual_conv.weight").reshape(g, r_ch)]
+    segs = [np.asarray(p[op.prefix + ".gate_conv.weight"]).reshape(g, g),   # their own dtype: pack_gemm converts
+            np.asarray(p[op.prefix + ".residual_conv.weight"]).reshape(g, r_ch)]
     bias = f32(".gate_conv.bias") + f32(".residual_conv.bias")
     w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
     npad = round_up(g, tile[1])
