@@ -103,6 +103,55 @@ def test_gelu_is_the_exact_erf_form(rng, assert_close, dtype):
     assert tanh_err > 100 * TOL_ELEMENTWISE[np.float32]["atol"], f"inputs do not separate erf from tanh ({tanh_err:.2g})"
 
 
+def test_erf_providers_and_sigmoid_agree_with_scipy():
+    """gelu's two erf providers (SciPy's ufunc for activations, libm's for the time MLP: a GPU process
+    then never imports SciPy) agree within float64 rounding, and the gate's sigmoid is SciPy's expit
+    within 4 ulps, without overflow warnings at +-1000, in float32 and float64."""
+    from scipy.special import expit
+    x = np.concatenate([np.linspace(-9.0, 9.0, 20001), [0.0, -0.0, 30.0, -30.0]])
+    assert np.abs(R.erf_libm(x) - R.erf_scipy(x)).max() <= 4.5e-16
+    for dtype in DTYPES:
+        v = np.concatenate([np.linspace(-50.0, 50.0, 10001), [-1000.0, 1000.0, 0.0]]).astype(dtype)
+        with np.errstate(over="raise", invalid="raise", divide="raise"):   # underflow to 0 is right
+            got = R.sigmoid(v)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, expit(v), rtol=4 * np.finfo(dtype).eps, atol=0)
+
+
+def test_a_gpu_process_does_not_import_scipy():
+    """The GPU path's host work (the time tables, weight packing) needs no SciPy: its import is
+    0.2-0.25 s of a cold start on the 2-core host. Nor does it make a float64 copy of every
+    parameter (127 MB for the shipped model) for those tables."""
+    import subprocess
+    import sys
+    code = """
+import sys
+sys.path.insert(0, "tests/gpu")
+from fakes import FakeBackend
+import runtime.cli, runtime.pipeline, runtime.gpu.sampling
+from runtime.gpu.executor import GpuExecutor
+from runtime.config import UNetConfig
+from runtime.weights import random_params
+import runtime.reference as R
+made = []
+class Spy(R.CastParams):
+    def __getitem__(self, name):
+        made.append(name)
+        return super().__getitem__(name)
+R.CastParams = Spy
+class W:
+    config = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
+    params = random_params(config, 0)
+GpuExecutor(W(), "fp16", batch=1, backend=FakeBackend(sms=8))
+assert "scipy" not in sys.modules, "scipy imported"
+assert made and all(n.startswith("time_mlp.") or n.endswith(".mlp.weight") or n.endswith(".mlp.bias") for n in made), made
+"""
+    from pathlib import Path
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 # ---- gn1 -----------------------------------------------------------------------------------
 
 def naive_gn1(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
