@@ -154,6 +154,14 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", default="", help="build the copies here and keep them (default: a temp folder)")
     ap.add_argument("--json", default="", help="also write {variant: [{batch: ms}, ...]} here")
     args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:   # one line, exit 2, before any copy is made
+        print(f"knockout: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
     if args.list:
         for name, (what, _) in KNOCKOUTS.items():
             print(f"{name:10s} removes {what}")
@@ -185,8 +193,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UsageError as e:
-        print(f"knockout: {e}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())
