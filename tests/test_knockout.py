@@ -70,7 +70,9 @@ def test_summary_gives_each_variant_its_median_saving_against_the_base():
 
 
 def test_cli_usage_errors_exit_2_with_one_line():
-    for argv in ([], ["nope"]):
+    in_git = shutil.which("git") is not None and subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                                                                capture_output=True).returncode == 0
+    for argv in ([], ["nope"]) + ((["gelu", "--ref", "no-such-rev"],) if in_git else ()):
         r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), *argv], capture_output=True, text=True)
         assert r.returncode == 2 and r.stderr.startswith("knockout: ") and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), "--list"], capture_output=True, text=True)

@@ -89,14 +89,22 @@ def apply(kernels: Path, plist: Sequence[Patch]) -> None:
         path.write_text(text.replace(old, new))
 
 
-def ref_kernels(rev: str, dest: Path, repo: Path = ROOT) -> None:
-    """Overwrite dest's files with the kernels/ of git revision `rev`."""
+def ref_names(rev: str, repo: Path = ROOT) -> List[str]:
+    """The files of kernels/ at git revision `rev`; UsageError where git cannot say."""
     try:
         names = subprocess.run(["git", "ls-tree", "--name-only", rev, "kernels/"], cwd=repo, check=True,
                                capture_output=True, text=True).stdout.split()
     except (OSError, subprocess.CalledProcessError) as e:
-        raise UsageError(f"--ref {rev}: cannot list its kernels/ ({getattr(e, 'stderr', '') or e})".strip()) from None
-    for name in names:
+        why = (getattr(e, "stderr", "") or str(e)).strip().splitlines()
+        raise UsageError(f"--ref {rev}: cannot list its kernels/ ({why[-1] if why else 'git failed'})") from None
+    if not names:
+        raise UsageError(f"--ref {rev}: no kernels/ there")
+    return names
+
+
+def ref_kernels(rev: str, dest: Path, repo: Path = ROOT) -> None:
+    """Overwrite dest's files with the kernels/ of git revision `rev`."""
+    for name in ref_names(rev, repo):
         blob = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=repo, check=True, capture_output=True).stdout
         (dest / Path(name).name).write_bytes(blob)
 
@@ -170,27 +178,30 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("name at least one knockout or --ref (see --list)")
     for v in args.variants:
         patches(v)   # unknown names fail before any copy is made
+    for rev in args.ref:
+        ref_names(rev)   # so do unknown revisions
     work = Path(args.keep or tempfile.mkdtemp(prefix="knockout-"))
     work.mkdir(parents=True, exist_ok=True)
-    trees = {"working tree": ROOT}
-    for v in args.variants:
-        trees[v] = make_tree(work / v.replace("+", "_"), v)
-    for rev in args.ref:
-        trees[f"ref {rev}"] = make_tree(work / ("ref_" + "".join(c if c.isalnum() else "_" for c in rev)), "", rev)
-    times: Dict[str, List[Dict[int, float]]] = {name: [] for name in trees}
-    for rnd in range(args.rounds):
-        for name, tree in trees.items():
-            times[name].append(bench(tree, args, work / "rows.json"))
-            print(f"round {rnd + 1} {name}: " + ", ".join(f"b{b} {ms:.3f} ms" for b, ms in times[name][-1].items()),
-                  flush=True)
+    try:
+        trees = {"working tree": ROOT}
+        for v in args.variants:
+            trees[v] = make_tree(work / v.replace("+", "_"), v)
+        for rev in args.ref:
+            trees[f"ref {rev}"] = make_tree(work / ("ref_" + "".join(c if c.isalnum() else "_" for c in rev)), "", rev)
+        times: Dict[str, List[Dict[int, float]]] = {name: [] for name in trees}
+        for rnd in range(args.rounds):
+            for name, tree in trees.items():
+                times[name].append(bench(tree, args, work / "rows.json"))
+                print(f"round {rnd + 1} {name}: " + ", ".join(f"b{b} {ms:.3f} ms" for b, ms in times[name][-1].items()),
+                      flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     print("\n".join(summary(times, "working tree")))
     if args.json:
         Path(args.json).write_text(json.dumps({k: [{str(b): ms for b, ms in r.items()} for r in v]
                                                for k, v in times.items()}, indent=1))
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
