@@ -244,11 +244,12 @@ def estimate(weights: Any, precision: str, batch: int, sms: int = 8, mode: str =
              noise: str = "device") -> MemoryEstimate:
     """Bytes of a GpuSampler(weights, precision, batch, mode, noise=noise) on a GPU with `sms` SMs
     (the built-in tiles)."""
-    parts = []
+    per_batch: Dict[int, MemoryEstimate] = {}   # an even cpu-mode batch has two equal halves: one spec build
     for b in halves(batch, mode):
-        plan, specs = executor_specs(weights, precision, b, sms)
-        parts.append(executor_estimate(weights.config, plan, specs, precision, b))
-    return sampler_estimate(weights.config, parts, batch, mode, noise)
+        if b not in per_batch:
+            plan, specs = executor_specs(weights, precision, b, sms)
+            per_batch[b] = executor_estimate(weights.config, plan, specs, precision, b)
+    return sampler_estimate(weights.config, [per_batch[b] for b in halves(batch, mode)], batch, mode, noise)
 
 
 def check_fits(est: MemoryEstimate, free: int, integrated: bool, need_at: Callable[[int], MemoryEstimate]) -> None:

@@ -169,7 +169,8 @@ def tiles_dirs(environ: Mapping[str, str] = os.environ) -> List[Path]:
 
 
 def file_name(device: str, sms: int, precision: str, batch: int) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
+    """The tuning file's name; device "*": the glob of every device's file of that kind."""
+    slug = "*" if device == "*" else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
     return f"tiles-{slug}-{int(sms)}sm-{precision}-b{int(batch)}.json"
 
 
@@ -202,7 +203,7 @@ def prepare_tiles(config: Any, sms: int, precision: str, batch: int, device: Opt
         return [found if found else (None, {})]
     out: List[Tuple[Optional[Path], Dict[str, TileChoice]]] = [(None, {})]
     seen = set()
-    pattern = f"tiles-*-{int(sms)}sm-{precision}-b{int(batch)}.json"
+    pattern = file_name("*", sms, precision, batch)
     for d in tiles_dirs() if dirs is None else dirs:
         for path in sorted(Path(d).glob(pattern)):
             if path.name in seen:
