@@ -185,3 +185,26 @@ def test_halo_tiles_give_way_to_the_builtin_tile_without_cp_async(weights, monke
     with GpuExecutor(weights, "fp16", batch=16, backend=FakeBackend(sms=132), tiles=tiles) as ex:
         keys = [s.key for s in ex.specs if hasattr(s.key, "halo")]
     assert keys and not any(k.halo or k.stages for k in keys)
+
+
+@pytest.mark.parametrize("kind", ["halo", "k slices"])
+def test_tile_variant_rounds_launch_the_kind_they_test(kind):
+    """tests/gpu/test_gpu_tile_variants.py counts the launches of each round's kind by symbol
+    suffix. The GroupNorm fold added `_f` to those symbols (session 16), and the pattern no longer
+    matched, so the GPU test failed on the count while every op was right. Its rounds, on the fake
+    backend: every tile a round gives is launched as that kind and found by the pattern."""
+    from types import SimpleNamespace
+
+    import tile_rounds as tv
+    from runtime.config import UNetConfig
+    from runtime.weights import random_params
+    weights = SimpleNamespace(config=UNetConfig(), params=random_params(UNetConfig(), 7))   # the GPU test's
+    rounds, keys = tv.halo_rounds(weights, "fp16", 2, 132, kind)
+    assert len(rounds) > 1
+    found = []
+    for tiles in (rounds[0], rounds[-1]):
+        with GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=132), tiles=tiles, extra_keys=keys) as ex:
+            syms = tv.halo_symbols(ex, kind)
+        assert len(syms) == len(tiles), (len(syms), len(tiles))
+        found += syms
+    assert any(s.endswith("_f") for s in found), "some launches of the kind are folded"

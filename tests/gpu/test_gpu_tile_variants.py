@@ -6,43 +6,15 @@ NaN-poisoned outputs); then a whole batch-16 call with those tiles wherever they
 default kernels."""
 from __future__ import annotations
 
-import dataclasses
-import re
-
 import numpy as np
 import pytest
 
 from conftest import report
 from runtime.config import UNetConfig
-from runtime.gpu.executor import GpuExecutor, device_sm_count, view_layout
-from runtime.gpu.ops import Ctx, op_spec
-from runtime.gpu.tuning import candidates, tunable
-from runtime.plan import build_plan
+from runtime.gpu.executor import GpuExecutor, device_sm_count
 from test_gpu_ops import OP_TOL, W, check_all_ops
 from test_gpu_unet import UNET_TOL
-
-
-# kind -> (which candidates, the symbol suffix of its kernels)
-KINDS = {"halo": (lambda t: t.halo, r"_h\d+$"), "k slices": (lambda t: t.ks > 1, r"_k\d+$")}
-
-
-def halo_rounds(weights, precision: str, batch: int, sms: int, kind: str = "halo"):
-    """[{op: TileChoice}, ...]: round r gives every op that can run `kind` its r-th candidate of that
-    kind (then the first one again with 3 splits), and the kernel keys of all rounds (one module)."""
-    plan = build_plan(weights.config)
-    ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan))
-    per_op = {op.out: [t for t in candidates(op, ctx) if KINDS[kind][0](t)] for op in plan.ops if tunable(op, ctx)}
-    per_op = {n: c + [dataclasses.replace(c[0], splits=3)] for n, c in per_op.items() if c}
-    width = max(len(c) for c in per_op.values())
-    rounds = [{n: c[r] for n, c in per_op.items() if r < len(c)} for r in range(width)]
-    ops_by_name = {op.out: op for op in plan.ops}
-    keys = {op_spec(ops_by_name[n], dataclasses.replace(ctx, tiles={n: t})).key
-            for rnd in rounds for n, t in rnd.items()}
-    return rounds, sorted(keys, key=lambda k: k.symbol)
-
-
-def halo_symbols(ex, kind: str = "halo") -> list:
-    return [L.fn.symbol for L in ex.launches if re.search(KINDS[kind][1], L.fn.symbol)]
+from tile_rounds import KINDS, halo_rounds, halo_symbols
 
 
 @pytest.mark.gpu
