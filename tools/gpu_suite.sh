@@ -3,7 +3,11 @@
 # Jetson, a workstation). Every step has its own time limit; all output goes to one log under
 # $OUT (default out/gpu-suite) plus the JSON/PNG results, so a cut-off run still reports.
 #   OUT=/tmp/x bash tools/gpu_suite.sh            # everything
-#   QUICK=1 bash tools/gpu_suite.sh               # tests only
+#   QUICK=1 bash tools/gpu_suite.sh               # tests only (gpu-tests, tile-variants, jetson-archs)
+#   STEPS="gpu-tests jetson-archs" bash tools/gpu_suite.sh   # the named steps only
+# Cold on an H100 (session 20) the GPU tests took ~520 s: ~270 s without the tile variants, ~250 s
+# for them (every halo / k-sliced tile the tuner may pick, op by op). Under a 10-minute limit per
+# command (the lent machines), run STEPS="gpu-tests jetson-archs", then STEPS=tile-variants.
 set -u
 OUT=${OUT:-out/gpu-suite}
 mkdir -p "$OUT"
@@ -13,20 +17,24 @@ if ls .whl/*.whl >/dev/null 2>&1; then   # wheels carried to a machine without a
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 LOG="$OUT/all.log"
+if [ -n "${QUICK:-}" ]; then STEPS=${STEPS:-gpu-tests tile-variants jetson-archs}; fi
+STEPS=${STEPS:-gpu-tests tile-variants jetson-archs sample bench-sampling jetson-bench pycuda-tests roofline}
 step() {
   local name=$1 limit=$2; shift 2
+  case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
   echo "=== $name ($(date +%T), limit ${limit}s): $*" | tee -a "$LOG"
   timeout "$limit" "$@" >>"$LOG" 2>&1
   echo "=== rc=$? $name" | tee -a "$LOG"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >>"$LOG" 2>&1
 step gpu-tests 450 env GPU_REPORT="$OUT/gpu-report.txt" python3 -m pytest -m gpu tests/gpu -q -rs \
-  --ignore=tests/gpu/test_gpu_pycuda.py
+  --ignore=tests/gpu/test_gpu_pycuda.py --ignore=tests/gpu/test_gpu_tile_variants.py
+step tile-variants 450 env GPU_REPORT="$OUT/gpu-report-tiles.txt" python3 -m pytest -m gpu \
+  tests/gpu/test_gpu_tile_variants.py -q -rs
 # The Jetson archs from this machine: the shipped model's modules built for sm_87 (nvcc, SASS arch
 # checked) and for sm_72 through a CUDA 11/12 NVRTC (skips unless $JETSON_UNET_NVRTC or
 # nvidia-cuda-nvrtc-cu11/12 is there: carry its wheel in .whl/), so nothing Hopper-only is in them
 step jetson-archs 180 python3 -m pytest tests/test_nvrtc_lib.py tests/test_aot_prepare.py -q -rs -p no:cacheprovider
-[ -n "${QUICK:-}" ] && exit 0
 step sample 60 python3 -m runtime.cli --backend cupy --batch 16 --seed 0 --out "$OUT/gpu-samples.png" \
   --trace "$OUT/trace.json" --quiet
 step bench-sampling 200 python3 tools/bench_sampling.py --batch 1 16 --repeat 3 --json "$OUT/bench_sampling.json"
