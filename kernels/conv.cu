@@ -490,51 +490,56 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
     } else {
         float lsum = 0.0f;
         const float *tb = (!ON && tbias) ? tbias + t_idx[b] * tb_stride : nullptr;   // one load, not per pair
-        // Tiles of up to 8 pairs per thread decide the GELU once, outside the unrolled pairs (the
-        // lambda inlined twice with a constant `gelu`), instead of a runtime `act` test per pair: a
-        // branch per pair (erff is too long to predicate) that ptxas does not schedule across.
-        // Measured: 1 us per batch-1 call, 4-5 us at batch 16 (docs/perf-notes.md session 19).
-        // Larger tiles keep the test per pair: hoisted, ptxas spilled 44 bytes in the 128x64x64 halo
-        // tile on sm_87. (A generic lambda could say it by type; NVRTC rejects those as host code.)
-        auto pairs = [&](const bool gelu) {
+        // Two passes over the pairs. The first adds the bias and time bias and takes the GELU; it is
+        // the only code inlined twice (a lambda with a constant `gelu`), so the GELU is decided once
+        // per epilogue, not by a runtime `act` test per pair (a branch per pair, erff being too long
+        // to predicate, that ptxas does not schedule across), and its NPAIR independent erff chains
+        // are straight-line code. The second adds the residual, stores and sums. (Session 19 inlined
+        // the whole pair loop twice for tiles of <= 8 pairs only: 1 us per batch-1 call, 4-5 us at
+        // batch 16; for larger tiles ptxas then spilled 44 bytes in the 128x64x64 halo tile on
+        // sm_87. A generic lambda could say `gelu` by type; NVRTC rejects those as host code.)
+        auto prep = [&](const bool gelu) {
 #pragma unroll
             for (int p = 0; p < NPAIR; ++p) {
                 int ri, r, c;
                 float *v = pair_at(p, ri, r, c);
-                float v0 = v[0], v1 = v[1];
-                const int m = m0 + r, n = n0 + c;
-                const bool ok0 = m < M && n < N, ok1 = m < M && n + 1 < N;
-                v0 += ebias[c];                                      // bias is padded to Npad
-                v1 += ebias[c + 1];
+                float v0 = v[0] + ebias[c], v1 = v[1] + ebias[c + 1];   // bias is padded to Npad
                 if constexpr (ON) {
-                    v0 += esecond[c];                                // time bias: 0 past N and without one
+                    v0 += esecond[c];                                    // time bias: 0 past N and without one
                     v1 += esecond[c + 1];
                 } else if (tb) {
-                    if (ok0) v0 += tb[n];
-                    if (ok1) v1 += tb[n + 1];
+                    const int m = m0 + r, n = n0 + c;
+                    if (m < M && n < N) v0 += tb[n];
+                    if (m < M && n + 1 < N) v1 += tb[n + 1];
                 }
                 if (gelu) { v0 = gelu_f(v0); v1 = gelu_f(v1); }
-                const size_t pix = (size_t)b * M + m;
-                if (res) {
-                    if (ok0) v0 += D::to_f(res[pix * ldres + n]);
-                    if (ok1) v1 += D::to_f(res[pix * ldres + n + 1]);
-                }
-                if (VEC > 1 && ok1) {   // VEC > 1: N, ldo and the view offset are even (checked on the host)
-                    Vec<S, 2> o; o.v[0] = D::from_f(v0); o.v[1] = D::from_f(v1);
-                    vstore<S, 2>(out + pix * ldo + n, o);
-                } else {
-                    if (ok0) out[pix * ldo + n] = D::from_f(v0);
-                    if (ok1) out[pix * ldo + n + 1] = D::from_f(v1);
-                }
-                lsum += (ok0 ? v0 : 0.0f) + (ok1 ? v1 : 0.0f);
                 v[0] = v0;
                 v[1] = v1;
             }
         };
-        if constexpr (NPAIR <= 8) {
-            if (act == 1) pairs(true); else pairs(false);
-        } else {
-            pairs(act == 1);
+        if (act == 1) prep(true); else prep(false);
+#pragma unroll
+        for (int p = 0; p < NPAIR; ++p) {
+            int ri, r, c;
+            float *v = pair_at(p, ri, r, c);
+            float v0 = v[0], v1 = v[1];
+            const int m = m0 + r, n = n0 + c;
+            const bool ok0 = m < M && n < N, ok1 = m < M && n + 1 < N;
+            const size_t pix = (size_t)b * M + m;
+            if (res) {
+                if (ok0) v0 += D::to_f(res[pix * ldres + n]);
+                if (ok1) v1 += D::to_f(res[pix * ldres + n + 1]);
+            }
+            if (VEC > 1 && ok1) {   // VEC > 1: N, ldo and the view offset are even (checked on the host)
+                Vec<S, 2> o; o.v[0] = D::from_f(v0); o.v[1] = D::from_f(v1);
+                vstore<S, 2>(out + pix * ldo + n, o);
+            } else {
+                if (ok0) out[pix * ldo + n] = D::from_f(v0);
+                if (ok1) out[pix * ldo + n + 1] = D::from_f(v1);
+            }
+            lsum += (ok0 ? v0 : 0.0f) + (ok1 ? v1 : 0.0f);
+            v[0] = v0;
+            v[1] = v1;
         }
         if (st_part) {   // GroupNorm partials of this tile: count, sum, M2 about the tile mean
             const float cnt = (float)(min(BM, M - m0) * min(BN, N - n0));

@@ -59,6 +59,21 @@ def test_ref_kernels_come_from_git(tmp_path):
         K.ref_kernels("no-such-rev", tmp_path)
 
 
+def test_ref_kernels_come_from_a_folder(tmp_path):
+    """A lent machine's copy of the repo has no git history: --ref takes a folder of kernel files."""
+    src, dest = tmp_path / "kbase", tmp_path / "dest"
+    src.mkdir(); dest.mkdir()
+    (src / "conv.cu").write_text("// old conv\n")
+    (dest / "conv.cu").write_text("// new conv\n")
+    (dest / "io.cu").write_text("// io\n")
+    K.ref_kernels(str(src), dest)
+    assert (dest / "conv.cu").read_text() == "// old conv\n" and (dest / "io.cu").read_text() == "// io\n"
+    (src / "conv.cu").unlink()
+    (src / "notes.txt").write_text("x")
+    with pytest.raises(UsageError, match="without kernel files"):
+        K.ref_names(str(src))
+
+
 def test_summary_gives_each_variant_its_median_saving_against_the_base():
     times = {"working tree": [{1: 0.395, 16: 1.034}, {1: 0.395, 16: 1.030}],
              "gelu": [{1: 0.384, 16: 0.984}, {1: 0.384, 16: 0.985}]}

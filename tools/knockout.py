@@ -6,12 +6,15 @@ tools/bench_unet.py runs on, a Jetson included.
     python3 tools/knockout.py gelu stats kloop gn        # each knockout alone, vs the working tree
     python3 tools/knockout.py gelu+stats --batches 1     # two knockouts in one copy
     python3 tools/knockout.py --ref HEAD~1               # the working tree vs HEAD~1's kernels/
+    python3 tools/knockout.py --ref .device/kbase        # ... vs the kernel files in a folder
     python3 tools/knockout.py --list                     # the knockouts and what each removes
 
 Each variant is a copy of runtime/, kernels/, tools/, weights/ and pyproject.toml in a scratch
 folder, its kernels patched (each knockout is a list of exact replacements in kernels/*.cu; a
 replacement whose text is not found exactly once fails before anything runs) or taken from a
-revision (`git show REV:kernels/...`; the Python is the working tree's). Every row is
+revision (`git show REV:kernels/...`) or from a folder (what a lent machine whose copy of the repo
+has no git history needs: `git archive HEAD kernels | tar -x --strip-components=1 -C .device/kbase`
+first, on the host); the Python is the working tree's. Every row is
 `tools/bench_unet.py --no-torch` in a fresh process in its copy, and the variants take turns for
 --rounds rounds: the method of docs/perf-notes.md, where session 19's table came from. Printed
 last: graph ms per variant, batch and round, and each variant's median difference to the working
@@ -50,7 +53,7 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
     "store": ("the GEMM convs' output stores (the values are still computed: the statistics use them)", [
         ("conv.cu", "if (VEC > 1 && ok1) {   // VEC > 1", "if (false) {   // VEC > 1"),
         ("conv.cu", "if (ok0) out[pix * ldo + n] = D::from_f(v0);\n"
-                    "                    if (ok1) out[pix * ldo + n + 1] = D::from_f(v1);",
+                    "                if (ok1) out[pix * ldo + n + 1] = D::from_f(v1);",
          "if (v0 == 1234.5f) out[pix * ldo + n] = D::from_f(v1);")]),
     "kloop": ("the k loops of the cp.async and halo convs (no copies, no mma)", [
         ("conv_halo.cu", "ntiles = ke - kb;", "ntiles = 0 * (ke - kb);"),
@@ -90,7 +93,12 @@ def apply(kernels: Path, plist: Sequence[Patch]) -> None:
 
 
 def ref_names(rev: str, repo: Path = ROOT) -> List[str]:
-    """The files of kernels/ at git revision `rev`; UsageError where git cannot say."""
+    """The files of kernels/ at git revision `rev`, or a folder's files; UsageError where neither is."""
+    if Path(rev).is_dir():
+        names = sorted(str(p) for p in Path(rev).iterdir() if p.is_file())
+        if not any(n.endswith(".cu") for n in names):
+            raise UsageError(f"--ref {rev}: a folder without kernel files (*.cu)")
+        return names
     try:
         names = subprocess.run(["git", "ls-tree", "--name-only", rev, "kernels/"], cwd=repo, check=True,
                                capture_output=True, text=True).stdout.split()
@@ -103,8 +111,11 @@ def ref_names(rev: str, repo: Path = ROOT) -> List[str]:
 
 
 def ref_kernels(rev: str, dest: Path, repo: Path = ROOT) -> None:
-    """Overwrite dest's files with the kernels/ of git revision `rev`."""
+    """Overwrite dest's files with the kernels/ of git revision `rev`, or with a folder's files."""
     for name in ref_names(rev, repo):
+        if Path(rev).is_dir():
+            shutil.copy2(name, dest / Path(name).name)
+            continue
         blob = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=repo, check=True, capture_output=True).stdout
         (dest / Path(name).name).write_bytes(blob)
 
@@ -152,7 +163,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("variants", nargs="*", help="knockouts (join with '+' for several in one copy)")
     ap.add_argument("--ref", action="append", default=[], metavar="REV",
-                    help="also time the kernels of this git revision (repeatable)")
+                    help="also time the kernels of this git revision or folder (repeatable)")
     ap.add_argument("--list", action="store_true", help="print the knockouts and exit")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
