@@ -182,3 +182,164 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
     extern "C" __global__ void __launch_bounds__(256, DW_MIN_CTAS(D, VEC, CP)) name(DW_PARAMS) { \
         dwconv<D, K, VEC, TW, CP>(DW_ARGS);                                                       \
     }
+
+// ---- dwconv_tc: the same op on tensor cores (fp16 / bf16, 16-byte vectors) ---------------------
+// For one channel and one kernel row ky, the conv of 16 output rows x 8 output columns is one
+// m16n8k16 mma: A[m][k] = x[y0 + m + ky - P][x0 + k - P] (16 rows of 16 input columns: a 16x16 block
+// of the channel's halo plane, one ldmatrix.x4), B[k][n] = w[ky][k - n] for 0 <= k - n < K, else 0
+// (the weights' row ky as a banded Toeplitz matrix; K <= 9 keeps the band inside 16 columns), so that
+// D[m][n] = sum_kx w[ky][kx] x[y0 + m + ky - P][x0 + n + kx - P]. K mma over ky sum the whole conv in
+// fp32. The B fragments come from the host in fragment order (ops.pack_dw_tc: [C][K][32 lanes] u32
+// pairs): each is one 8-byte load per lane, nothing computed. The weights are rounded to the
+// activation dtype (the FFMA kernel above keeps them fp32), as in the GEMM convs.
+// CTA: 256 threads, a tile of 16 x 16 outputs x 32 channels; warp w takes channels 4w..4w+3, each as
+// 2 column blocks x K mma (the 8 accumulator sets of a warp are independent chains). The halo is
+// staged transposed, one plane per channel ([32][TH + K - 1][24] 16-bit words, rows 48 bytes apart,
+// so the 8 rows of an ldmatrix phase hit distinct banks; columns past the conv's reach meet zero
+// weights and hold finite values), from pairs of pixels (two 16-byte loads, eight 4-byte stores; the
+// warp's 32 pairs are consecutive words of one plane: no bank conflicts). The outputs go back through
+// shared memory ([32 channels][256 pixels + 2]) to 16-byte stores of 8 channels, a warp's 8 pixels x
+// 4 vectors contiguous in NHWC. Statistics as the FFMA kernel: one StatPartial per CTA.
+// Why: the FFMA kernel issues ~1.2-1.6 instructions per multiply-add, 49 per output; here a warp's
+// 128 outputs per channel and column block cost K ldmatrix + K mma.
+// Launch: grid (ceil(H/16)*ceil(W/16), ceil(C/32), B), block 256, no dynamic smem.
+template <class D, int K>
+__device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
+    typedef typename D::S S;
+    static_assert(sizeof(S) == 2 && K % 2 == 1 && K <= 9, "16-bit types, odd K <= 9");
+    constexpr int NT = 256, CC = 32, CPW = 4, TH = 16, TW = 16, P = K / 2, VEC = 8, CV = CC / VEC;
+    constexpr int PR = TH + K - 1, PC = TW + 8, PLANE = PR * PC;   // halo plane: rows, columns, words
+    constexpr int NPAIR = PR * (PC / 2), PAIRS_PT = (NPAIR * CV + NT - 1) / NT;
+    constexpr int OSTR = TH * TW + 2;                               // output staging: words per channel
+    static_assert(CC * OSTR <= CC * PLANE, "the output staging reuses the halo planes");
+    __shared__ __align__(16) S planes[CC * PLANE];
+    __shared__ float red[33];
+    const S *x = (const S *)x_;
+    S *out = (S *)out_;
+    const uint2 *wf = (const uint2 *)w;   // B fragments, [C][K][32]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tiles_x = (W + TW - 1) / TW;
+    const int y0 = (blockIdx.x / tiles_x) * TH, x0 = (blockIdx.x % tiles_x) * TW;
+    const int c0 = blockIdx.y * CC, b = blockIdx.z;
+    const int tb_i = tbias ? t_idx[b] : 0;
+
+    // ---- every load first: the halo's pixel pairs, then the warp's B fragments ------------------
+    // pair job i: channel vector cv = i / NPAIR, pair q = i % NPAIR (row q / (PC/2), columns 2 (q % (PC/2)) + 0, 1)
+    Vec<S, VEC> hv[PAIRS_PT][2];
+#pragma unroll
+    for (int u = 0; u < PAIRS_PT; ++u) {
+        const int i = tid + u * NT, cv = i / NPAIR, q = i - cv * NPAIR;
+        const int py = q / (PC / 2), px = 2 * (q - py * (PC / 2));
+        const int gy = y0 + py - P, gx = x0 + px - P, c = c0 + cv * VEC;
+        const bool rowok = i < NPAIR * CV && gy >= 0 && gy < H && c < C;
+        const S *src = x + ((size_t)(b * H + gy) * W + gx) * ldx + c;
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            hv[u][e] = (rowok && gx + e >= 0 && gx + e < W) ? vload<S, VEC>(src + e * ldx) : vzero<S, VEC>();
+    }
+    uint2 bf[CPW][K];
+#pragma unroll
+    for (int q = 0; q < CPW; ++q) {
+        const int c = c0 + warp * CPW + q;
+#pragma unroll
+        for (int ky = 0; ky < K; ++ky) bf[q][ky] = c < C ? wf[((size_t)c * K + ky) * 32 + lane] : uint2{0u, 0u};
+    }
+    float add[CPW];   // bias + time bias, consumed in the epilogue
+#pragma unroll
+    for (int q = 0; q < CPW; ++q) {
+        const int c = c0 + warp * CPW + q;
+        add[q] = c < C ? bias[c] + (tbias ? tbias[tb_i * tb_stride + c] : 0.0f) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < PAIRS_PT; ++u) {
+        const int i = tid + u * NT, cv = i / NPAIR, q = i - cv * NPAIR;
+        if (i >= NPAIR * CV) continue;
+        u32 *dst = reinterpret_cast<u32 *>(planes) + (cv * VEC * PLANE) / 2 + q;   // word q of plane cv*8
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            dst[e * (PLANE / 2)] = (u32)hv[u][0].v[e] | ((u32)hv[u][1].v[e] << 16);
+    }
+    __syncthreads();
+
+    // ---- K mma per channel and column block ----------------------------------------------------
+    // ldmatrix.x4: lane l gives row l % 8 of matrix l / 8: rows (l / 8 & 1) * 8 + l % 8, columns
+    // (l / 16) * 8 of the 16x16 A block (a0..a3 of the m16n8k16 fragment)
+    const int mj = lane >> 3, mr = lane & 7;
+    const saddr abase = smem_u32(planes) + (u32)((((mj & 1) * 8 + mr) * PC + (mj >> 1) * 8) * 2);
+    float acc[CPW][2][4];
+#pragma unroll
+    for (int q = 0; q < CPW; ++q)
+#pragma unroll
+        for (int cb = 0; cb < 2; ++cb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[q][cb][e] = 0.0f;
+#pragma unroll
+    for (int ky = 0; ky < K; ++ky)
+#pragma unroll
+        for (int q = 0; q < CPW; ++q)
+#pragma unroll
+            for (int cb = 0; cb < 2; ++cb) {
+                u32 a[4];
+                ldmatrix_x4(a, abase + (u32)(((warp * CPW + q) * PLANE + ky * PC + cb * 8) * 2));
+                const u32 bb[2] = {bf[q][ky].x, bf[q][ky].y};
+                D::mma(acc[q][cb], a, bb);
+            }
+    __syncthreads();   // every warp is done with the planes: they take the outputs next
+
+    // ---- epilogue: + bias + time bias; stage [channel][pixel]; statistics; 16-byte stores --------
+    // accumulator e of block cb: output row g + 8 (e / 2), column cb * 8 + 2 t + e % 2 (g = lane / 4, t = lane % 4)
+    const int g = lane >> 2, t = lane & 3;
+    float lsum = 0.0f;
+    u32 *ost = reinterpret_cast<u32 *>(planes);
+#pragma unroll
+    for (int q = 0; q < CPW; ++q) {
+        const int cl = warp * CPW + q;
+        const bool cok = c0 + cl < C;
+#pragma unroll
+        for (int cb = 0; cb < 2; ++cb)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = g + 8 * h, col = cb * 8 + 2 * t, oy = y0 + r, ox = x0 + col;
+                float &v0 = acc[q][cb][2 * h], &v1 = acc[q][cb][2 * h + 1];
+                v0 += add[q];
+                v1 += add[q];
+                lsum += (cok && oy < H && ox < W ? v0 : 0.0f) + (cok && oy < H && ox + 1 < W ? v1 : 0.0f);
+                ost[(cl * OSTR + r * TW + col) / 2] = (u32)D::from_f(v0) | ((u32)D::from_f(v1) << 16);
+            }
+    }
+    __syncthreads();
+    constexpr int OJ = TH * TW * CV / NT;   // 16-byte stores per thread
+#pragma unroll
+    for (int u = 0; u < OJ; ++u) {
+        const int i = tid + u * NT, cv = i % CV, p = i / CV, r = p / TW, col = p - r * TW;
+        const int oy = y0 + r, ox = x0 + col, c = c0 + cv * VEC;
+        if (oy < H && ox < W && c < C) {
+            Vec<S, VEC> o;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) o.v[e] = planes[(cv * VEC + e) * OSTR + p];
+            vstore<S, VEC>(out + ((size_t)(b * H + oy) * W + ox) * ldo + c, o);
+        }
+    }
+    if (st_part) {
+        const float cnt = (float)(min(TH, H - y0) * min(TW, W - x0) * min(CC, C - c0));
+        const float tsum = block_sum(lsum, red), tmean = __fdividef(tsum, cnt);
+        float lm2 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < CPW; ++q)
+#pragma unroll
+            for (int cb = 0; cb < 2; ++cb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int oy = y0 + g + 8 * (e / 2), ox = x0 + cb * 8 + 2 * t + e % 2;
+                    const float d = acc[q][cb][e] - tmean;
+                    if (c0 + warp * CPW + q < C && oy < H && ox < W) lm2 += d * d;
+                }
+        const float tm2 = block_sum(lm2, red);
+        if (threadIdx.x == 0)
+            st_part[(size_t)b * gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x] =
+                make_float4(cnt, tsum, tm2, 0.0f);
+    }
+}
+
+#define DW_TC_INSTANCE(name, D, K)                                                                \
+    extern "C" __global__ void __launch_bounds__(256, 2) name(DW_PARAMS) { dwconv_tc<D, K>(DW_ARGS); }

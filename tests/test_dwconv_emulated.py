@@ -4,8 +4,9 @@ in float64, and its GroupNorm partials against the same tiles summed in float64.
 scalar loads, fp16 / bf16 / fp32, views of a concat buffer on both sides (pixel stride > C, an
 offset channel window), a ragged last row and column tile, a ragged last channel tile, two
 samples with different timesteps; tiles 8 and 4 outputs wide (ops.dwconv_tw); one and two channels
-per thread (ops.dwconv_cp: 16-row tiles, an fp32 halo). Outputs are NaN-poisoned: every element the
-kernel owns must be written, and nothing outside its channel window may be."""
+per thread (ops.dwconv_cp: 16-row tiles, an fp32 halo); the tensor-core kernel (dwconv_tc: 16 x 16
+tiles, ragged ones too, against weights rounded as it rounds them). Outputs are NaN-poisoned: every
+element the kernel owns must be written, and nothing outside its channel window may be."""
 from __future__ import annotations
 
 import ctypes
@@ -40,17 +41,24 @@ CASES = [
     ("bf16-v8-pairs", "bf16", 8, 8, dict(h=16, w=16, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True, cp=2)),
     ("fp32-v4-pairs-two-channel-tiles", "fp32", 4, 8, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0,
                                                            tbias=False, cp=2)),
+    # dwconv_tc (tw 16): 16 x 16 tiles; a ragged row and column tile and a partial channel tile; views
+    ("fp16-tc-views-ragged", "fp16", 8, 16, dict(h=20, w=18, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8, tbias=True,
+                                                 tc=True)),
+    ("bf16-tc", "bf16", 8, 16, dict(h=16, w=32, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True, tc=True)),
+    ("fp16-tc-no-tbias", "fp16", 8, 16, dict(h=16, w=16, c=32, batch=1, ldx=32, x0=0, ldo=32, o0=0, tbias=False,
+                                             tc=True)),
 ]
 K = 7
 
 
-def dw_key(dtype: str, vec: int, tw: int, cp: int = 1) -> SimpleKey:
-    return SimpleKey("dwconv", dtype, K, vec, tw, cp)
+def dw_key(dtype: str, vec: int, tw: int, cp: int = 1, tc: bool = False) -> SimpleKey:
+    return SimpleKey("dwconv_tc", dtype, K, vec, tw) if tc else SimpleKey("dwconv", dtype, K, vec, tw, cp)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    return kernel_lib("dwconv.cu", [dw_key(dt, v, tw, s.get("cp", 1)) for _, dt, v, tw, s in CASES], "DW_PARAMS", "DW_ARGS",
+    return kernel_lib("dwconv.cu", [dw_key(dt, v, tw, s.get("cp", 1), s.get("tc", False)) for _, dt, v, tw, s in CASES],
+                      "DW_PARAMS", "DW_ARGS",
                       tmp_path_factory.mktemp("emu-dw"))
 
 
@@ -77,11 +85,11 @@ def test_dwconv_matches_reference(lib, case):
     tb = rng.standard_normal((5, c)).astype(np.float32)
     t_idx = np.array([3, 1][:b], dtype=np.int32)
     out = poison((b, h, w, s["ldo"]), dt)
-    cp = s.get("cp", 1)
-    th = ops.DW_TILE * cp   # rows per CTA
+    cp, tc = s.get("cp", 1), s.get("tc", False)
+    th = ops.DW_TC_TILE if tc else ops.DW_TILE * cp   # rows per CTA
     tiles_x, tiles_y, ctiles = ops.cdiv(w, tw), ops.cdiv(h, th), ops.cdiv(c, ops.DW_CC)
     st = np.full((b, ctiles * tiles_y * tiles_x, 4), np.nan, dtype=np.float32)
-    wk = np.ascontiguousarray(wt.reshape(c, K * K).T)
+    wk = ops.pack_dw_tc(wt, K, dt) if tc else np.ascontiguousarray(wt.reshape(c, K * K).T)
     x0, o0 = s["x0"], s["o0"]
     esize = 4 if dt == "fp32" else 2
 
@@ -91,10 +99,12 @@ def test_dwconv_matches_reference(lib, case):
     args = [ptr(xbuf, x0), h, w, c, s["ldx"], ptr(wk), ptr(bias), ptr(tb) if s["tbias"] else ctypes.c_void_p(0),
             c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st)]
     cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(macro_params("dwconv.cu", "DW_PARAMS"), args)]
-    getattr(lib, "emu_" + dw_key(dt, vec, tw, cp).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
+    getattr(lib, "emu_" + dw_key(dt, vec, tw, cp, tc).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
 
     x = as_float(xbuf[..., x0:x0 + c], dt).transpose(0, 3, 1, 2)
-    want = conv2d(x, wt.astype(np.float64), bias.astype(np.float64), groups=c)
+    # dwconv_tc rounds its weights to the activation dtype (as the GEMM convs): its reference does too
+    w_ref = ops.from_device(ops.to_device(wt, dt), dt) if tc else wt
+    want = conv2d(x, w_ref.astype(np.float64), bias.astype(np.float64), groups=c)
     if s["tbias"]:
         want = want + tb[t_idx].astype(np.float64)[:, :, None, None]
     want = want.transpose(0, 2, 3, 1)
@@ -130,6 +140,7 @@ def test_every_depthwise_instantiation_compiles_for_sm87_without_spills(tmp_path
         pytest.skip("no nvcc")
     keys = [SimpleKey("dwconv", dt, K, v, tw, cp) for dt, vecs in (("fp16", (8, 4, 1)), ("bf16", (8, 4, 1)), ("fp32", (4, 1)))
             for v in vecs for tw, cp in ((8, 1), (4, 1), (8, 2)) if cp == 1 or v > 1]
+    keys += [SimpleKey("dwconv_tc", dt, K, 8, ops.DW_TC_TILE) for dt in ("fp16", "bf16")]
     rep = sm87_ptxas(nvcc, keys, tmp_path)
     for k in keys:
         f = rep[k.symbol]

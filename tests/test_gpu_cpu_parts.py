@@ -15,7 +15,7 @@ from fakes import FakeBackend  # noqa: E402
 
 from runtime import kernels_dir  # noqa: E402
 from runtime.config import UNetConfig  # noqa: E402
-from runtime.errors import ArenaError  # noqa: E402
+from runtime.errors import ArenaError, ConfigError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
 from runtime.plan import CAT, CONV  # noqa: E402
@@ -43,9 +43,13 @@ MACRO = {"gemm": "CONV_PARAMS", "gate": "CONV_PARAMS", "dwconv": "DW_PARAMS", "i
 KIND = {np.uint64: "p", np.int32: "i", np.float32: "f"}
 
 
+@pytest.mark.parametrize("dw_tc", ["0", "1"], ids=["dw-ffma", "dw-tc"])
 @pytest.mark.parametrize("cfg", [UNetConfig(), ODD], ids=["default", "odd"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-def test_launch_arguments_match_kernel_parameters(cfg, precision):
+def test_launch_arguments_match_kernel_parameters(cfg, precision, dw_tc, monkeypatch):
+    if precision == "fp32" and dw_tc == "1":
+        pytest.skip("fp32 has no tensor-core depthwise conv: the same module as dw-ffma")
+    monkeypatch.setenv(ops.DW_TC_ENV, dw_tc)
     fb = FakeBackend(sms=8)
     ex = GpuExecutor(W(cfg), precision, batch=3, backend=fb)
     assert ex.launches_per_call == sum(op.kind != CAT for op in ex.plan.ops) < 80
@@ -82,6 +86,50 @@ def test_depthwise_channel_pairs_only_where_the_grid_is_deep():
     assert "ups.3.block1.ds_conv" in pairs(UNetConfig(), 1, 8)                     # the Orin Nano's 8 SMs
     assert pairs(ODD, 16, 8)                                                       # 12-36 channels: 8-byte vectors
     assert ops.dwconv_cp(64, 64, 16, 8, vec=1) == 1                                # scalar loads: one channel
+
+
+def test_depthwise_on_tensor_cores_only_when_asked_and_where_it_applies(monkeypatch):
+    """$JETSON_UNET_DW_TC=1: ops.dwconv_tc puts the 16-bit depthwise convs of images of >= 16 rows on
+    kernels/dwconv.cu dwconv_tc (16 x 16 x 32 tiles, B fragments packed by the host); 8x8 maps, fp32
+    and the unset variable keep the FFMA kernel."""
+    def dw(precision, env):
+        monkeypatch.setenv(ops.DW_TC_ENV, env)
+        ex = GpuExecutor(W(UNetConfig()), precision, batch=16, backend=FakeBackend(sms=132))
+        writer = {op.out: op for op in ex.plan.ops}
+        return ex, {s.op.out: (s, L) for s, L in zip(ex.specs, ex.launches) if s.op.out.endswith(".ds_conv")}, writer
+
+    ex, got, writer = dw("fp16", "1")
+    for name, (spec, L) in got.items():
+        xt = ex.plan.tensors[writer[name].x]
+        if xt.size >= ops.DW_TC_TILE:
+            assert L.fn.symbol == "dwconv7_f16_tc", name
+            assert L.grid == (ops.cdiv(xt.size, 16) ** 2, ops.cdiv(xt.channels, 32), 16) and L.block == (256, 1, 1)
+            assert spec.blobs["w"].shape == (xt.channels, 7, 32, 2, 2) and spec.blobs["w"].dtype == np.float16
+        else:
+            assert not L.fn.symbol.endswith("_tc"), name
+    assert any(L.fn.symbol.endswith("_tc") for _, L in got.values())
+    for precision, env in (("fp32", "1"), ("fp16", "0"), ("bf16", "")):
+        assert not any(L.fn.symbol.endswith("_tc") for _, L in dw(precision, env)[1].values()), (precision, env)
+    with pytest.raises(ConfigError, match="JETSON_UNET_DW_TC"):
+        ops.dw_tc_from_env({ops.DW_TC_ENV: "yes"})
+
+
+def test_packed_depthwise_fragments_are_the_toeplitz_rows():
+    """ops.pack_dw_tc: lane l's registers hold B[k][n] = w[c, ky, k - n] (0 <= k - n < 7, else 0) at
+    k = 2 (l % 4) + 8 r + e, n = l // 4: the band of each kernel row, as the mma reads it."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 1, 7, 7)).astype(np.float32)
+    frag = ops.pack_dw_tc(w, 7, "fp32")
+    for c, ky in ((0, 0), (4, 6), (2, 3)):
+        b = np.zeros((16, 8), dtype=np.float32)
+        for lane in range(32):
+            for r in range(2):
+                for e in range(2):
+                    b[2 * (lane % 4) + 8 * r + e, lane // 4] = frag[c, ky, lane, r, e]
+        want = np.zeros((16, 8), dtype=np.float32)
+        for n in range(8):
+            want[n:n + 7, n] = w[c, 0, ky]
+        assert np.array_equal(b, want)
 
 
 def test_init_conv_on_tensor_cores_for_16_bit_and_small_images():

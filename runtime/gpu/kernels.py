@@ -80,7 +80,7 @@ class ConvKey:
 @dataclass(frozen=True)
 class SimpleKey:
     """dwconv / init_conv / init_conv_tc / final_conv instantiations: (kind, dtype, k, n, tw, cp)."""
-    kind: str       # "dwconv" | "init" | "init_tc" | "final"
+    kind: str       # "dwconv" | "dwconv_tc" | "init" | "init_tc" | "final"
     dtype: str
     k: int = 0
     n: int = 1      # dwconv / final: elements per vector load; init, init_tc: input (image) channels
@@ -91,6 +91,7 @@ class SimpleKey:
     def symbol(self) -> str:
         dt, w = DTYPES[self.dtype][1], (f"_w{self.tw}" if self.tw != 8 else "")
         return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}" + (f"_p{self.cp}" if self.cp != 1 else ""),
+                "dwconv_tc": f"dwconv{self.k}_{dt}_tc",
                 "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
                 "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc",
                 "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
@@ -99,6 +100,8 @@ class SimpleKey:
         d = DTYPES[self.dtype][0]
         if self.kind == "dwconv":
             return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw}, {self.cp})"
+        if self.kind == "dwconv_tc":
+            return f"DW_TC_INSTANCE({self.symbol}, {d}, {self.k})"
         if self.kind == "init":
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init_tc":

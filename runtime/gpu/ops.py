@@ -37,6 +37,8 @@ GEMM_SCRATCH = 1200                                  # conv_gemm's beside its ti
 HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic smem: 2 CTAs per sm_87 SM (164 KB)
 FOLD_ENV = "JETSON_UNET_GN_FOLD"                     # 0: GroupNorm as a table pass everywhere (fold_norm)
 FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded GroupNorm accepts (fold_norm)
+DW_TC_ENV = "JETSON_UNET_DW_TC"                      # 1: the depthwise conv on tensor cores (dwconv_tc)
+DW_TC_TILE = 16                                      # dwconv.cu dwconv_tc: 16 x 16 outputs x 32 channels
 
 
 def P(v: int) -> np.uint64:
@@ -127,6 +129,7 @@ class Ctx:
     extra_keys: List[Any] = field(default_factory=list)
     conv_stages: int = field(default_factory=lambda: stages_from_env())   # 0: conv_gemm everywhere
     gn_fold: bool = field(default_factory=lambda: fold_from_env())        # fold_norm where it applies
+    dw_tc: bool = field(default_factory=lambda: dw_tc_from_env())         # dwconv_tc where it applies
     tiles: Mapping[str, "TileChoice"] = field(default_factory=dict)       # op.out -> measured tile
 
 
@@ -198,6 +201,15 @@ def fold_from_env(environ: Optional[Mapping[str, str]] = None) -> bool:
     if raw not in ("", "0", "1"):
         raise ConfigError(f"${FOLD_ENV} must be 0 or 1, got {raw!r}")
     return raw != "0"
+
+
+def dw_tc_from_env(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """$JETSON_UNET_DW_TC: 1 -> the depthwise conv on tensor cores where dwconv_tc allows it; unset,
+    empty or 0 -> the FFMA kernel (the default until the tensor-core kernel is measured faster)."""
+    raw = (os.environ if environ is None else environ).get(DW_TC_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"${DW_TC_ENV} must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def stages_from_env(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -606,9 +618,31 @@ def dwconv_cp(size: int, channels: int, batch: int, sms: int, vec: int) -> int:
     return 2 if vec > 1 and size >= 2 * DW_TILE and dw_ctas(size, channels, batch) > sms else 1
 
 
+def dwconv_tc(precision: str, vec: int, size: int, k: int) -> bool:
+    """Where kernels/dwconv.cu dwconv_tc runs: 16-bit types with 16-byte vectors, odd k <= 9 (the
+    Toeplitz band inside 16 columns), images of at least one 16-row tile (smaller ones would leave
+    most of each mma idle)."""
+    return precision != "fp32" and vec == 8 and size >= DW_TC_TILE and k % 2 == 1 and k <= 9
+
+
+def pack_dw_tc(w: np.ndarray, k: int, precision: str) -> np.ndarray:
+    """dwconv_tc's weights: for channel c and kernel row ky, B[k][n] = w[c, ky, k - n] where
+    0 <= k - n < K, else 0 (16 x 8), in mma.m16n8k16 B-fragment order: lane l (g = l // 4, t = l % 4)
+    holds (k, k + 1) = 2 t (+ 8) at column g. Returned as the 16-bit storage type, [C, K, 32 lanes,
+    2 registers, 2 halves]."""
+    c = w.shape[0]
+    w = np.asarray(w, dtype=np.float32).reshape(c, k, k)
+    ch, ky, lane, r, e = np.ix_(np.arange(c), np.arange(k), np.arange(32), np.arange(2), np.arange(2))
+    kx = 2 * (lane % 4) + 8 * r + e - lane // 4   # k - n
+    vals = np.where((kx >= 0) & (kx < k), w[ch, ky, np.clip(kx, 0, k - 1)], 0.0)
+    return to_device(vals, precision)
+
+
 def dwconv_key(op: Op, ctx: Ctx) -> SimpleKey:
     c, size = ctx.plan.tensors[op.x].channels, ctx.plan.tensors[op.x].size
     batch, vec = ctx.tile_batch or ctx.batch, vec_for(ctx.precision, ctx, (op.x, op.out), (c,))
+    if ctx.dw_tc and dwconv_tc(ctx.precision, vec, size, op.k):
+        return SimpleKey("dwconv_tc", ctx.precision, op.k, vec, DW_TC_TILE)
     cp = dwconv_cp(size, c, batch, ctx.sms, vec)
     return SimpleKey("dwconv", ctx.precision, op.k, vec, dwconv_tw(size, c, batch, ctx.sms) if cp == 1 else 8, cp)
 
@@ -617,9 +651,12 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
     xt = ctx.plan.tensors[op.x]
     c, size, k = xt.channels, xt.size, op.k
     w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).reshape(c, k * k)
-    blobs = {"w": np.ascontiguousarray(w.T), "bias": padded(ctx.params[op.prefix + ".bias"], c)}
     key = dwconv_key(op, ctx)
-    grid = (cdiv(size, DW_TILE * key.cp) * cdiv(size, key.tw), cdiv(c, DW_CC), ctx.batch)
+    tc = key.kind == "dwconv_tc"
+    blobs = {"w": pack_dw_tc(w, k, ctx.precision) if tc else np.ascontiguousarray(w.T),
+             "bias": padded(ctx.params[op.prefix + ".bias"], c)}
+    rows = DW_TC_TILE if tc else DW_TILE * key.cp
+    grid = (cdiv(size, rows) * cdiv(size, key.tw), cdiv(c, DW_CC), ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(op.x)

@@ -120,6 +120,27 @@ def test_depthwise_channel_pairs_match_reference(backend, precision, monkeypatch
     assert len(pairs) == n_dw and not bad, (len(pairs), n_dw, bad[:5])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_depthwise_on_tensor_cores_matches_reference(backend, precision, monkeypatch):
+    """The tensor-core depthwise conv ($JETSON_UNET_DW_TC=1: kernels/dwconv.cu dwconv_tc) on every
+    depthwise op of images >= 16 rows in a batch-3 call, op by op as above (its weights are rounded
+    to the activation dtype: within the same tolerance)."""
+    from runtime.gpu import ops
+    monkeypatch.setenv(ops.DW_TC_ENV, "1")
+    weights = W(UNetConfig(), seed=5)
+    with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
+        n_dw = sum(op.out.endswith(".ds_conv") and ex.plan.tensors[op.x].size >= ops.DW_TC_TILE for op in ex.plan.ops)
+        tc = {L.name for L in ex.launches if L.fn.symbol.endswith("_tc") and L.name.endswith(".ds_conv")}
+        errors = [e for e in check_all_ops(ex, weights, seed=17) if e[0] in tc]
+    l2_tol, max_tol = OP_TOL[precision]
+    bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
+    worst = max(errors, key=lambda e: e[2])
+    report(f"depthwise tensor cores b3 {precision}: {len(errors)} ops, worst l2 {worst[2]:.2e} at {worst[0]}; "
+           f"{len(bad)} bad: " + "; ".join(f"{o} l2={l:.1e} max={m:.1e}" for o, _, l, m in bad[:8]))
+    assert len(tc) == n_dw and n_dw and not bad, (len(tc), n_dw, bad[:5])
+
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
