@@ -87,7 +87,7 @@ def test_summary_gives_each_variant_its_median_saving_against_the_base():
 def test_cli_usage_errors_exit_2_with_one_line():
     in_git = shutil.which("git") is not None and subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
                                                                 capture_output=True).returncode == 0
-    for argv in ([], ["nope"]) + ((["gelu", "--ref", "no-such-rev"],) if in_git else ()):
+    for argv in ([], ["nope"], ["--env", "NOEQUALS"]) + ((["gelu", "--ref", "no-such-rev"],) if in_git else ()):
         r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), *argv], capture_output=True, text=True)
         assert r.returncode == 2 and r.stderr.startswith("knockout: ") and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), "--list"], capture_output=True, text=True)
@@ -97,7 +97,7 @@ def test_cli_usage_errors_exit_2_with_one_line():
 def test_main_alternates_the_variants_and_cleans_up(tmp_path, monkeypatch, capsys):
     calls = []
 
-    def fake_bench(tree, args, out):
+    def fake_bench(tree, args, out, env=()):
         calls.append(tree)
         assert out.parent.is_dir()
         return {1: 0.300 if "gelu" in str(tree) else 0.310, 16: 1.0}
@@ -111,3 +111,20 @@ def test_main_alternates_the_variants_and_cleans_up(tmp_path, monkeypatch, capsy
     assert "gelu" in out.splitlines()[-2] and out.splitlines()[-2].split()[-1] == "10.0"
     assert '"gelu"' in (tmp_path / "t.json").read_text()
     assert not (tmp_path / "w").exists()   # the copies are removed without --keep
+
+
+def test_env_variants_run_the_working_tree_with_the_setting(tmp_path, monkeypatch, capsys):
+    """--env NAME=VALUE: the working tree again, its bench rows with that setting (an opt-in's A/B)."""
+    calls = []
+
+    def fake_bench(tree, args, out, env=()):
+        calls.append((tree, list(env)))
+        return {1: 0.290 if env else 0.300, 16: 1.0}
+
+    monkeypatch.setattr(K, "bench", fake_bench)
+    monkeypatch.setattr(K.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "w"))
+    assert K.main(["--env", "JETSON_UNET_DW_TC=1", "--rounds", "2"]) == 0
+    assert calls == [(K.ROOT, []), (K.ROOT, [("JETSON_UNET_DW_TC", "1")])] * 2
+    last = capsys.readouterr().out.splitlines()
+    row = next(line for line in last if line.startswith("env JETSON_UNET_DW_TC=1") and " 1 " in line)
+    assert row.split()[-1] == "10.0"

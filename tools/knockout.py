@@ -7,6 +7,7 @@ tools/bench_unet.py runs on, a Jetson included.
     python3 tools/knockout.py gelu+stats --batches 1     # two knockouts in one copy
     python3 tools/knockout.py --ref HEAD~1               # the working tree vs HEAD~1's kernels/
     python3 tools/knockout.py --ref .device/kbase        # ... vs the kernel files in a folder
+    python3 tools/knockout.py --env JETSON_UNET_DW_TC=1  # ... vs itself with an opt-in switched on
     python3 tools/knockout.py --list                     # the knockouts and what each removes
 
 Each variant is a copy of runtime/, kernels/, tools/, weights/ and pyproject.toml in a scratch
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -136,11 +138,20 @@ def make_tree(dest: Path, variant: str, ref: str = "") -> Path:
     return dest
 
 
-def bench(tree: Path, args: argparse.Namespace, out: Path) -> Dict[int, float]:
-    """One fresh bench_unet.py --no-torch in `tree` (its rows to the JSON file `out`): {batch: graph ms}."""
+def env_setting(text: str) -> Tuple[str, str]:
+    """'NAME=VALUE' of --env -> (NAME, VALUE); UsageError otherwise."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise UsageError(f"--env {text!r}: give NAME=VALUE")
+    return name, value
+
+
+def bench(tree: Path, args: argparse.Namespace, out: Path, env: Sequence[Tuple[str, str]] = ()) -> Dict[int, float]:
+    """One fresh bench_unet.py --no-torch in `tree` (its rows to the JSON file `out`), with the
+    environment settings `env` on top of this process's: {batch: graph ms}."""
     cmd = [sys.executable, "tools/bench_unet.py", "--no-torch", "--batches", args.batches, "--precisions",
            args.precision, "--iters", str(args.iters), "--repeats", str(args.repeats), "--json", str(out)]
-    r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env={**os.environ, **dict(env)})
     if r.returncode != 0:
         raise RuntimeError(f"{tree}: bench_unet failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
     return {row["batch"]: row["graph_ms"] for row in json.loads(out.read_text())}
@@ -164,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("variants", nargs="*", help="knockouts (join with '+' for several in one copy)")
     ap.add_argument("--ref", action="append", default=[], metavar="REV",
                     help="also time the kernels of this git revision or folder (repeatable)")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="also time the working tree with this environment setting (repeatable)")
     ap.add_argument("--list", action="store_true", help="print the knockouts and exit")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
@@ -185,8 +198,9 @@ def run(args: argparse.Namespace) -> int:
         for name, (what, _) in KNOCKOUTS.items():
             print(f"{name:10s} removes {what}")
         return 0
-    if not args.variants and not args.ref:
-        raise UsageError("name at least one knockout or --ref (see --list)")
+    if not args.variants and not args.ref and not args.env:
+        raise UsageError("name at least one knockout, --ref or --env (see --list)")
+    envs = [env_setting(e) for e in args.env]
     for v in args.variants:
         patches(v)   # unknown names fail before any copy is made
     for rev in args.ref:
@@ -194,15 +208,17 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.keep or tempfile.mkdtemp(prefix="knockout-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        trees = {"working tree": ROOT}
+        trees: Dict[str, Tuple[Path, List[Tuple[str, str]]]] = {"working tree": (ROOT, [])}
         for v in args.variants:
-            trees[v] = make_tree(work / v.replace("+", "_"), v)
+            trees[v] = (make_tree(work / v.replace("+", "_"), v), [])
         for rev in args.ref:
-            trees[f"ref {rev}"] = make_tree(work / ("ref_" + "".join(c if c.isalnum() else "_" for c in rev)), "", rev)
+            trees[f"ref {rev}"] = (make_tree(work / ("ref_" + "".join(c if c.isalnum() else "_" for c in rev)), "", rev), [])
+        for text, setting in zip(args.env, envs):
+            trees[f"env {text}"] = (ROOT, [setting])
         times: Dict[str, List[Dict[int, float]]] = {name: [] for name in trees}
         for rnd in range(args.rounds):
-            for name, tree in trees.items():
-                times[name].append(bench(tree, args, work / "rows.json"))
+            for name, (tree, env) in trees.items():
+                times[name].append(bench(tree, args, work / "rows.json", env))
                 print(f"round {rnd + 1} {name}: " + ", ".join(f"b{b} {ms:.3f} ms" for b, ms in times[name][-1].items()),
                       flush=True)
     finally:
