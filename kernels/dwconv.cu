@@ -32,6 +32,16 @@
     const float *tbias, int tb_stride, const int *t_idx, void *out_, int ldo, float4 *st_part
 #define DW_ARGS x_, H, W, C, ldx, w, bias, tbias, tb_stride, t_idx, out_, ldo, st_part
 
+// One StatPartial per CTA of either depthwise kernel: count, sum, M2 about the tile mean (m2_about
+// gives a thread's part of M2 about the mean it is passed). Grid (tiles, channel tiles, samples).
+template <class F>
+__device__ __forceinline__ void dw_partial(float4 *st_part, int b, float cnt, float lsum, float *red, F m2_about) {
+    const float tsum = block_sum(lsum, red), tmean = __fdividef(tsum, cnt);   // within 2 ulp: M2 grows by n * err^2
+    const float tm2 = block_sum(m2_about(tmean), red);
+    if (threadIdx.x == 0)
+        st_part[(size_t)b * gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x] = make_float4(cnt, tsum, tm2, 0.0f);
+}
+
 template <bool C, class A, class B> struct DwPick { typedef A T; };
 template <class A, class B> struct DwPick<false, A, B> { typedef B T; };
 
@@ -158,20 +168,16 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
             for (int q = 0; q < CP; ++q) lsum += acc[j][q];
         }
     }
-    if (st_part) {
-        const float cnt = (float)(min(TH, H - y0) * min(TW, W - x0) * min(CC, C - c0));
-        const float tsum = block_sum(lsum, red), tmean = __fdividef(tsum, cnt);   // within 2 ulp: M2 grows by n * err^2
-        float lm2 = 0.0f;
+    if (st_part)
+        dw_partial(st_part, b, (float)(min(TH, H - y0) * min(TW, W - x0) * min(CC, C - c0)), lsum, red, [&](float tmean) {
+            float lm2 = 0.0f;
 #pragma unroll
-        for (int j = 0; j < TW; ++j)
-            if (c < C && oy < H && x0 + j < W)
+            for (int j = 0; j < TW; ++j)
+                if (c < C && oy < H && x0 + j < W)
 #pragma unroll
-                for (int q = 0; q < CP; ++q) lm2 += (acc[j][q] - tmean) * (acc[j][q] - tmean);
-        const float tm2 = block_sum(lm2, red);
-        if (threadIdx.x == 0)
-            st_part[(size_t)b * gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x] =
-                make_float4(cnt, tsum, tm2, 0.0f);
-    }
+                    for (int q = 0; q < CP; ++q) lm2 += (acc[j][q] - tmean) * (acc[j][q] - tmean);
+            return lm2;
+        });
 }
 
 // CP = 1: no minimum CTAs per SM (0; ptxas takes 39-64 registers). CP = 2 with 16-bit 16-byte
@@ -320,25 +326,21 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
             vstore<S, VEC>(out + ((size_t)(b * H + oy) * W + ox) * ldo + c, o);
         }
     }
-    if (st_part) {
-        const float cnt = (float)(min(TH, H - y0) * min(TW, W - x0) * min(CC, C - c0));
-        const float tsum = block_sum(lsum, red), tmean = __fdividef(tsum, cnt);
-        float lm2 = 0.0f;
+    if (st_part)
+        dw_partial(st_part, b, (float)(min(TH, H - y0) * min(TW, W - x0) * min(CC, C - c0)), lsum, red, [&](float tmean) {
+            float lm2 = 0.0f;
 #pragma unroll
-        for (int q = 0; q < CPW; ++q)
+            for (int q = 0; q < CPW; ++q)
 #pragma unroll
-            for (int cb = 0; cb < 2; ++cb)
+                for (int cb = 0; cb < 2; ++cb)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int oy = y0 + g + 8 * (e / 2), ox = x0 + cb * 8 + 2 * t + e % 2;
-                    const float d = acc[q][cb][e] - tmean;
-                    if (c0 + warp * CPW + q < C && oy < H && ox < W) lm2 += d * d;
-                }
-        const float tm2 = block_sum(lm2, red);
-        if (threadIdx.x == 0)
-            st_part[(size_t)b * gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x] =
-                make_float4(cnt, tsum, tm2, 0.0f);
-    }
+                    for (int e = 0; e < 4; ++e) {
+                        const int oy = y0 + g + 8 * (e / 2), ox = x0 + cb * 8 + 2 * t + e % 2;
+                        const float d = acc[q][cb][e] - tmean;
+                        if (c0 + warp * CPW + q < C && oy < H && ox < W) lm2 += d * d;
+                    }
+            return lm2;
+        });
 }
 
 #define DW_TC_INSTANCE(name, D, K)                                                                \

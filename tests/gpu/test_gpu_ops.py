@@ -107,17 +107,23 @@ def test_depthwise_channel_pairs_match_reference(backend, precision, monkeypatch
     forced onto every depthwise op of a batch-3 call, op by op as above."""
     from runtime.gpu import ops
     monkeypatch.setattr(ops, "dwconv_cp", lambda size, channels, batch, sms, vec: 2 if vec > 1 else 1)
+    check_depthwise(backend, precision, "pairs", lambda L: L.fn.symbol.endswith("_p2"), lambda size: True)
+
+
+def check_depthwise(backend, precision: str, label: str, is_variant, applies) -> None:
+    """Every depthwise op of a batch-3 call whose input size `applies` must launch the variant
+    (`is_variant(launch)`) and match the reference op by op (check_all_ops)."""
     weights = W(UNetConfig(), seed=5)
     with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
-        n_dw = sum(op.out.endswith(".ds_conv") for op in ex.plan.ops)
-        pairs = {L.name for L in ex.launches if L.fn.symbol.endswith("_p2")}
-        errors = [e for e in check_all_ops(ex, weights, seed=17) if e[0] in pairs]
+        n_dw = sum(op.out.endswith(".ds_conv") and applies(ex.plan.tensors[op.x].size) for op in ex.plan.ops)
+        names = {L.name for L in ex.launches if L.name.endswith(".ds_conv") and is_variant(L)}
+        errors = [e for e in check_all_ops(ex, weights, seed=17) if e[0] in names]
     l2_tol, max_tol = OP_TOL[precision]
     bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
     worst = max(errors, key=lambda e: e[2])
-    report(f"depthwise pairs b3 {precision}: {len(errors)} ops, worst l2 {worst[2]:.2e} at {worst[0]}; "
+    report(f"depthwise {label} b3 {precision}: {len(errors)} ops, worst l2 {worst[2]:.2e} at {worst[0]}; "
            f"{len(bad)} bad: " + "; ".join(f"{o} l2={l:.1e} max={m:.1e}" for o, _, l, m in bad[:8]))
-    assert len(pairs) == n_dw and not bad, (len(pairs), n_dw, bad[:5])
+    assert n_dw and len(names) == n_dw and not bad, (len(names), n_dw, bad[:5])
 
 
 @pytest.mark.gpu
@@ -128,18 +134,8 @@ def test_depthwise_on_tensor_cores_matches_reference(backend, precision, monkeyp
     to the activation dtype: within the same tolerance)."""
     from runtime.gpu import ops
     monkeypatch.setenv(ops.DW_TC_ENV, "1")
-    weights = W(UNetConfig(), seed=5)
-    with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
-        n_dw = sum(op.out.endswith(".ds_conv") and ex.plan.tensors[op.x].size >= ops.DW_TC_TILE for op in ex.plan.ops)
-        tc = {L.name for L in ex.launches if L.fn.symbol.endswith("_tc") and L.name.endswith(".ds_conv")}
-        errors = [e for e in check_all_ops(ex, weights, seed=17) if e[0] in tc]
-    l2_tol, max_tol = OP_TOL[precision]
-    bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
-    worst = max(errors, key=lambda e: e[2])
-    report(f"depthwise tensor cores b3 {precision}: {len(errors)} ops, worst l2 {worst[2]:.2e} at {worst[0]}; "
-           f"{len(bad)} bad: " + "; ".join(f"{o} l2={l:.1e} max={m:.1e}" for o, _, l, m in bad[:8]))
-    assert len(tc) == n_dw and n_dw and not bad, (len(tc), n_dw, bad[:5])
-
+    check_depthwise(backend, precision, "tensor cores", lambda L: L.fn.symbol.endswith("_tc"),
+                    lambda size: size >= ops.DW_TC_TILE)
 
 
 @pytest.mark.gpu
