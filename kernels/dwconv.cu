@@ -198,24 +198,28 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 // fp32. The B fragments come from the host in fragment order (ops.pack_dw_tc: [C][K][32 lanes] u32
 // pairs): each is one 8-byte load per lane, nothing computed. The weights are rounded to the
 // activation dtype (the FFMA kernel above keeps them fp32), as in the GEMM convs.
-// CTA: 256 threads, a tile of 16 x 16 outputs x 32 channels; warp w takes channels 4w..4w+3, each as
-// 2 column blocks x K mma (the 8 accumulator sets of a warp are independent chains). The halo is
-// staged transposed, one plane per channel ([32][TH + K - 1][24] 16-bit words, rows 48 bytes apart,
+// CTA: 256 threads, a tile of 16 x 16 outputs x CC = 8 CPW channels; warp w takes channels CPW w ..
+// CPW w + CPW - 1, each as 2 column blocks x K mma (the 2 CPW accumulator sets of a warp are
+// independent chains). CPW = 4 (32 channels) where the grid is deep; 2 or 1 make 2-4x the CTAs for
+// small grids (ops.dwconv_tc_cpw), a shorter chain per CTA. The halo is
+// staged transposed, one plane per channel ([CC][TH + K - 1][24] 16-bit words, rows 48 bytes apart,
 // so the 8 rows of an ldmatrix phase hit distinct banks; columns past the conv's reach meet zero
 // weights and hold finite values), from pairs of pixels (two 16-byte loads, eight 4-byte stores; the
 // warp's 32 pairs are consecutive words of one plane: no bank conflicts). The outputs go back through
-// shared memory ([32 channels][256 pixels + 2]) to 16-byte stores of 8 channels, a warp's 8 pixels x
-// 4 vectors (the tile's 64 contiguous bytes of each pixel). Statistics as the FFMA kernel: one
-// StatPartial per CTA. 2 CTAs per SM: 127 registers on sm_87, 128 on sm_90, no spills (at 3 CTAs,
-// ~600 bytes of spills: the warp's 28 B fragments, 56 registers, live through the whole k loop).
+// shared memory ([CC channels][256 pixels + 2]) to 16-byte stores of 8 channels, a warp's 32 / CPW
+// pixels x CPW vectors (the tile's 16 CPW contiguous bytes of each pixel). Statistics as the FFMA
+// kernel: one StatPartial per CTA. CPW = 4 at 2 CTAs per SM: 127 registers on sm_87, 128 on sm_90,
+// no spills (at 3 CTAs ~600 bytes of spills: the warp's 28 B fragments, 56 registers, live through
+// the whole k loop).
 // Why: the FFMA kernel issues ~1.2-1.6 instructions per multiply-add, 49 per output; here a warp's
 // 128 outputs per channel and column block cost K ldmatrix + K mma.
-// Launch: grid (ceil(H/16)*ceil(W/16), ceil(C/32), B), block 256, no dynamic smem.
-template <class D, int K>
+// Launch: grid (ceil(H/16)*ceil(W/16), ceil(C/CC), B), block 256, no dynamic smem.
+template <class D, int K, int CPW>
 __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     typedef typename D::S S;
     static_assert(sizeof(S) == 2 && K % 2 == 1 && K <= 9, "16-bit types, odd K <= 9");
-    constexpr int NT = 256, CC = 32, CPW = 4, TH = 16, TW = 16, P = K / 2, VEC = 8, CV = CC / VEC;
+    static_assert(CPW == 1 || CPW == 2 || CPW == 4, "channels per warp");
+    constexpr int NT = 256, CC = 8 * CPW, TH = 16, TW = 16, P = K / 2, VEC = 8, CV = CC / VEC;
     constexpr int PR = TH + K - 1, PC = TW + 8, PLANE = PR * PC;   // halo plane: rows, columns, words
     constexpr int NPAIR = PR * (PC / 2), PAIRS_PT = (NPAIR * CV + NT - 1) / NT;
     constexpr int OSTR = TH * TW + 2;                               // output staging: words per channel
@@ -345,5 +349,7 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
         });
 }
 
-#define DW_TC_INSTANCE(name, D, K)                                                                \
-    extern "C" __global__ void __launch_bounds__(256, 2) name(DW_PARAMS) { dwconv_tc<D, K>(DW_ARGS); }
+#define DW_TC_INSTANCE(name, D, K, CPW)                                                           \
+    extern "C" __global__ void __launch_bounds__(256, (CPW) == 4 ? 2 : 3) name(DW_PARAMS) {         \
+        dwconv_tc<D, K, CPW>(DW_ARGS);                                                            \
+    }

@@ -41,18 +41,22 @@ CASES = [
     ("bf16-v8-pairs", "bf16", 8, 8, dict(h=16, w=16, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True, cp=2)),
     ("fp32-v4-pairs-two-channel-tiles", "fp32", 4, 8, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0,
                                                            tbias=False, cp=2)),
-    # dwconv_tc (tw 16): 16 x 16 tiles; a ragged row and column tile and a partial channel tile; views
-    ("fp16-tc-views-ragged", "fp16", 8, 16, dict(h=20, w=18, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8, tbias=True,
-                                                 tc=True)),
-    ("bf16-tc", "bf16", 8, 16, dict(h=16, w=32, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True, tc=True)),
-    ("fp16-tc-no-tbias", "fp16", 8, 16, dict(h=16, w=16, c=32, batch=1, ldx=32, x0=0, ldo=32, o0=0, tbias=False,
-                                             tc=True)),
+    # dwconv_tc (tw 16; cp = channels per warp, 8 cp per CTA): 16 x 16 tiles; a ragged row and column
+    # tile and a partial channel tile; views
+    ("fp16-tc4-views-ragged", "fp16", 8, 16, dict(h=20, w=18, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8, tbias=True,
+                                                  tc=True, cp=4)),
+    ("bf16-tc4", "bf16", 8, 16, dict(h=16, w=32, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True, tc=True, cp=4)),
+    ("fp16-tc4-no-tbias", "fp16", 8, 16, dict(h=16, w=16, c=32, batch=1, ldx=32, x0=0, ldo=32, o0=0, tbias=False,
+                                              tc=True, cp=4)),
+    ("fp16-tc2-views-ragged", "fp16", 8, 16, dict(h=17, w=16, c=24, batch=2, ldx=40, x0=8, ldo=32, o0=0, tbias=True,
+                                                  tc=True, cp=2)),
+    ("bf16-tc1", "bf16", 8, 16, dict(h=16, w=20, c=24, batch=1, ldx=24, x0=0, ldo=24, o0=0, tbias=True, tc=True, cp=1)),
 ]
 K = 7
 
 
 def dw_key(dtype: str, vec: int, tw: int, cp: int = 1, tc: bool = False) -> SimpleKey:
-    return SimpleKey("dwconv_tc", dtype, K, vec, tw) if tc else SimpleKey("dwconv", dtype, K, vec, tw, cp)
+    return SimpleKey("dwconv_tc" if tc else "dwconv", dtype, K, vec, tw, cp)
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +90,8 @@ def test_dwconv_matches_reference(lib, case):
     t_idx = np.array([3, 1][:b], dtype=np.int32)
     out = poison((b, h, w, s["ldo"]), dt)
     cp, tc = s.get("cp", 1), s.get("tc", False)
-    th = ops.DW_TC_TILE if tc else ops.DW_TILE * cp   # rows per CTA
-    tiles_x, tiles_y, ctiles = ops.cdiv(w, tw), ops.cdiv(h, th), ops.cdiv(c, ops.DW_CC)
+    th, cc = (ops.DW_TC_TILE, 8 * cp) if tc else (ops.DW_TILE * cp, ops.DW_CC)   # rows, channels per CTA
+    tiles_x, tiles_y, ctiles = ops.cdiv(w, tw), ops.cdiv(h, th), ops.cdiv(c, cc)
     st = np.full((b, ctiles * tiles_y * tiles_x, 4), np.nan, dtype=np.float32)
     wk = ops.pack_dw_tc(wt, K, dt) if tc else np.ascontiguousarray(wt.reshape(c, K * K).T)
     x0, o0 = s["x0"], s["o0"]
@@ -123,7 +127,7 @@ def test_dwconv_matches_reference(lib, case):
         for ct in range(ctiles):
             for ty in range(tiles_y):
                 for tx in range(tiles_x):
-                    blk = want[bb, ty * th:ty * th + th, tx * tw:tx * tw + tw, ct * 32:ct * 32 + 32]
+                    blk = want[bb, ty * th:ty * th + th, tx * tw:tx * tw + tw, ct * cc:ct * cc + cc]
                     n, sm, m2, _ = st[bb, (ct * tiles_y + ty) * tiles_x + tx]
                     assert n == blk.size
                     assert np.isclose(sm, blk.sum(), rtol=1e-4, atol=1e-3 * blk.size ** 0.5)
@@ -140,10 +144,10 @@ def test_every_depthwise_instantiation_compiles_for_sm87_without_spills(tmp_path
         pytest.skip("no nvcc")
     keys = [SimpleKey("dwconv", dt, K, v, tw, cp) for dt, vecs in (("fp16", (8, 4, 1)), ("bf16", (8, 4, 1)), ("fp32", (4, 1)))
             for v in vecs for tw, cp in ((8, 1), (4, 1), (8, 2)) if cp == 1 or v > 1]
-    keys += [SimpleKey("dwconv_tc", dt, K, 8, ops.DW_TC_TILE) for dt in ("fp16", "bf16")]
+    keys += [SimpleKey("dwconv_tc", dt, K, 8, ops.DW_TC_TILE, cpw) for dt in ("fp16", "bf16") for cpw in (1, 2, 4)]
     rep = sm87_ptxas(nvcc, keys, tmp_path)
     for k in keys:
         f = rep[k.symbol]
         assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
-        if k.cp == 2 and k.dtype != "fp32" and k.n == 8:
+        if k.kind == "dwconv" and k.cp == 2 and k.dtype != "fp32" and k.n == 8:
             assert f["regs"] <= 64, (k.symbol, f)

@@ -102,14 +102,19 @@ def test_depthwise_on_tensor_cores_only_when_asked_and_where_it_applies(monkeypa
     for name, (spec, L) in got.items():
         xt = ex.plan.tensors[writer[name].x]
         if xt.size >= ops.DW_TC_TILE:
-            assert L.fn.symbol == "dwconv7_f16_tc", name
-            assert L.grid == (ops.cdiv(xt.size, 16) ** 2, ops.cdiv(xt.channels, 32), 16) and L.block == (256, 1, 1)
+            cpw = ops.dwconv_tc_cpw(xt.size, xt.channels, 16, 132)
+            assert L.fn.symbol == f"dwconv7_f16_tc{cpw}", name
+            assert L.grid == (ops.cdiv(xt.size, 16) ** 2, ops.cdiv(xt.channels, 8 * cpw), 16) and L.block == (256, 1, 1)
             assert spec.blobs["w"].shape == (xt.channels, 7, 32, 2, 2) and spec.blobs["w"].dtype == np.float16
         else:
-            assert not L.fn.symbol.endswith("_tc"), name
-    assert any(L.fn.symbol.endswith("_tc") for _, L in got.values())
+            assert "_tc" not in L.fn.symbol, name
+    assert {L.fn.symbol for _, L in got.values() if "_tc" in L.fn.symbol} == {"dwconv7_f16_tc4", "dwconv7_f16_tc2", "dwconv7_f16_tc1"}
     for precision, env in (("fp32", "1"), ("fp16", "0"), ("bf16", "")):
-        assert not any(L.fn.symbol.endswith("_tc") for _, L in dw(precision, env)[1].values()), (precision, env)
+        assert not any("_tc" in L.fn.symbol for _, L in dw(precision, env)[1].values()), (precision, env)
+    # channels per warp: 4 where that grid has a CTA per SM, else 2, else 1
+    assert ops.dwconv_tc_cpw(64, 32, 16, 132) == 4 and ops.dwconv_tc_cpw(32, 64, 16, 132) == 2
+    assert ops.dwconv_tc_cpw(16, 128, 16, 132) == 1 and ops.dwconv_tc_cpw(64, 32, 1, 132) == 1
+    assert ops.dwconv_tc_cpw(64, 32, 1, 8) == 4   # the Orin Nano's 8 SMs
     with pytest.raises(ConfigError, match="JETSON_UNET_DW_TC"):
         ops.dw_tc_from_env({ops.DW_TC_ENV: "yes"})
 

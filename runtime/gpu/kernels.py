@@ -85,13 +85,13 @@ class SimpleKey:
     k: int = 0
     n: int = 1      # dwconv / final: elements per vector load; init, init_tc: input (image) channels
     tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw)
-    cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp)
+    cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp); dwconv_tc: per warp (ops.dwconv_tc_cpw)
 
     @property
     def symbol(self) -> str:
         dt, w = DTYPES[self.dtype][1], (f"_w{self.tw}" if self.tw != 8 else "")
         return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}" + (f"_p{self.cp}" if self.cp != 1 else ""),
-                "dwconv_tc": f"dwconv{self.k}_{dt}_tc",
+                "dwconv_tc": f"dwconv{self.k}_{dt}_tc{self.cp}",
                 "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
                 "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc",
                 "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
@@ -101,7 +101,7 @@ class SimpleKey:
         if self.kind == "dwconv":
             return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw}, {self.cp})"
         if self.kind == "dwconv_tc":
-            return f"DW_TC_INSTANCE({self.symbol}, {d}, {self.k})"
+            return f"DW_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.cp})"
         if self.kind == "init":
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init_tc":

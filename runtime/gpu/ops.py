@@ -38,7 +38,7 @@ HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic sm
 FOLD_ENV = "JETSON_UNET_GN_FOLD"                     # 0: GroupNorm as a table pass everywhere (fold_norm)
 FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded GroupNorm accepts (fold_norm)
 DW_TC_ENV = "JETSON_UNET_DW_TC"                      # 1: the depthwise conv on tensor cores (dwconv_tc)
-DW_TC_TILE = 16                                      # dwconv.cu dwconv_tc: 16 x 16 outputs x 32 channels
+DW_TC_TILE = 16                                      # dwconv.cu dwconv_tc: 16 x 16 outputs x 8 CPW channels
 
 
 def P(v: int) -> np.uint64:
@@ -625,6 +625,16 @@ def dwconv_tc(precision: str, vec: int, size: int, k: int) -> bool:
     return precision != "fp32" and vec == 8 and size >= DW_TC_TILE and k % 2 == 1 and k <= 9
 
 
+def dwconv_tc_cpw(size: int, channels: int, batch: int, sms: int) -> int:
+    """dwconv_tc's channels per warp (a CTA: 8 warps, 8 CPW channels): 4 where that grid still has a
+    CTA per SM, else 2, else 1 (2-4x the CTAs, each a shorter chain), like dwconv_tw. Not measured
+    yet (docs/perf-notes.md session 20)."""
+    for cpw in (4, 2):
+        if cdiv(size, DW_TC_TILE) ** 2 * cdiv(channels, 8 * cpw) * batch >= sms:
+            return cpw
+    return 1
+
+
 def pack_dw_tc(w: np.ndarray, k: int, precision: str) -> np.ndarray:
     """dwconv_tc's weights: for channel c and kernel row ky, B[k][n] = w[c, ky, k - n] where
     0 <= k - n < K, else 0 (16 x 8), in mma.m16n8k16 B-fragment order: lane l (g = l // 4, t = l % 4)
@@ -642,7 +652,7 @@ def dwconv_key(op: Op, ctx: Ctx) -> SimpleKey:
     c, size = ctx.plan.tensors[op.x].channels, ctx.plan.tensors[op.x].size
     batch, vec = ctx.tile_batch or ctx.batch, vec_for(ctx.precision, ctx, (op.x, op.out), (c,))
     if ctx.dw_tc and dwconv_tc(ctx.precision, vec, size, op.k):
-        return SimpleKey("dwconv_tc", ctx.precision, op.k, vec, DW_TC_TILE)
+        return SimpleKey("dwconv_tc", ctx.precision, op.k, vec, DW_TC_TILE, dwconv_tc_cpw(size, c, batch, ctx.sms))
     cp = dwconv_cp(size, c, batch, ctx.sms, vec)
     return SimpleKey("dwconv", ctx.precision, op.k, vec, dwconv_tw(size, c, batch, ctx.sms) if cp == 1 else 8, cp)
 
@@ -655,8 +665,8 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
     tc = key.kind == "dwconv_tc"
     blobs = {"w": pack_dw_tc(w, k, ctx.precision) if tc else np.ascontiguousarray(w.T),
              "bias": padded(ctx.params[op.prefix + ".bias"], c)}
-    rows = DW_TC_TILE if tc else DW_TILE * key.cp
-    grid = (cdiv(size, rows) * cdiv(size, key.tw), cdiv(c, DW_CC), ctx.batch)
+    rows, cc = (DW_TC_TILE, 8 * key.cp) if tc else (DW_TILE * key.cp, DW_CC)
+    grid = (cdiv(size, rows) * cdiv(size, key.tw), cdiv(c, cc), ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(op.x)
