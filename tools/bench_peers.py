@@ -75,14 +75,14 @@ def ours_job(path: str, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, 
 
 
 def peer_job(path: str, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, name: str, precision: str,
-             mode: Optional[str]) -> dict:
+             mode: Optional[str], layout: str = "nchw") -> dict:
     """One peer, in a process of its own: its eps and ms per call, then (unless --skip-loop) its
     loop; a failure (e.g. torch.compile without a C compiler for Triton) comes back as a line."""
     strict_fp32()
     weights = _weights(path)
-    row: Dict[str, Any] = {"peer": name, "precision": precision, "compile": mode}
+    row: Dict[str, Any] = {"peer": name, "precision": precision, "compile": mode, "layout": layout}
     try:
-        model = torch_model(weights, precision, mode)     # compiled once, for the call and the loop
+        model = torch_model(weights, precision, mode, layout=layout)     # compiled once, for the call and the loop
         eps, st = peer_call(weights, x, t, precision, mode, args.warmup, args.iters, args.repeats, model=model)
     except Exception as e:
         row["error"] = one_line(e)
@@ -122,18 +122,18 @@ def print_table(rows: List[dict], ours_eps16: float, device: str, args: argparse
     print(f"device {device}, batch {args.batch}; call: median of {args.repeats} x {args.iters} calls (events); "
           f"loop: {n_steps}-step {args.sampler}, median of {args.repeats}; ratio = peer / ours (> 1: ours faster)")
     print(f"ours fp16 eps vs ours fp32: rel L2 {ours_eps16:.2e}")
-    print(f"{'peer':<22} {'call ms':>8} {'ours ms':>8} {'ratio':>6} {'loop s/img':>10} {'ours s/img':>10} "
+    print(f"{'peer':<27} {'call ms':>8} {'ours ms':>8} {'ratio':>6} {'loop s/img':>10} {'ours s/img':>10} "
           f"{'ratio':>6} {'eps relL2':>9} {'ok':>3} {'x0 relL2':>8} {'PSNR':>5}")
     for r in rows:
         if "error" in r:
-            print(f"{r['peer']:<22} failed: {r['error']}")
+            print(f"{r['peer']:<27} failed: {r['error']}")
             continue
-        print(f"{r['peer']:<22} {r['call_ms']:>8.3f} {r['ours_call_ms']:>8.3f} {r['call_ratio']:>6.2f} "
+        print(f"{r['peer']:<27} {r['call_ms']:>8.3f} {r['ours_call_ms']:>8.3f} {r['call_ratio']:>6.2f} "
               f"{_f(r.get('loop_s_per_image'), '{:.4f}'):>10} {_f(r.get('ours_loop_s_per_image'), '{:.4f}'):>10} "
               f"{_f(r.get('loop_ratio'), '{:.2f}'):>6} {r['eps_rel_l2']:>9.1e} {'yes' if r['eps_ok'] else 'NO':>3} "
               f"{_f(r.get('x0_rel_l2'), '{:.1e}'):>8} {_f(r.get('x0_psnr_db'), '{:.1f}'):>5}")
         if r.get("loop_error"):
-            print(f"{'':<22} loop failed: {r['loop_error']}")
+            print(f"{'':<27} loop failed: {r['loop_error']}")
 
 
 def build_parser() -> argparse.ArgumentParser:

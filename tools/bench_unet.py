@@ -165,19 +165,22 @@ def ours_row(precision: str, batch: int, args, stages: int, tiles: str) -> dict:
     return bench_ours(bench_weights()[0], precision, batch, args, get_backend("cupy"), stages, tiles)
 
 
-TORCH_PEERS = ("torch eager fp16", "torch.compile reduce-overhead fp16")
+# name -> (torch.compile mode or None for eager, layout: tools/peers.py LAYOUTS)
+TORCH_PEERS = {"torch eager fp16": (None, "nchw"), "torch.compile reduce-overhead fp16": ("reduce-overhead", "nchw"),
+               "torch.compile reduce-overhead fp16 NHWC": ("reduce-overhead", "nhwc")}
 
 
 def bench_torch(batch: int, args, name: str) -> dict:
     """One of TORCH_PEERS on the shipped (or random) weights, in a process of its own (in_fresh_process)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # peers' `import torch_unet`
-    from tools.peers import peer_call
+    from tools.peers import peer_call, torch_model
     weights = bench_weights()[0]
     cfg = weights.config
     x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size))
     t = np.full((batch,), 50, dtype=np.int64)
-    _, st = peer_call(weights, x, t, "fp16", None if name == TORCH_PEERS[0] else "reduce-overhead",
-                      args.warmup, args.iters, args.repeats)
+    mode, layout = TORCH_PEERS[name]
+    _, st = peer_call(weights, x, t, "fp16", mode, args.warmup, args.iters, args.repeats,
+                      model=torch_model(weights, "fp16", mode, layout=layout))
     print(f"  ({name}: warm-up incl. compile {st['warmup_s']:.1f} s)", flush=True)
     return {"impl": name, "batch": batch, "graph_ms": st["call_ms"], "warm_s": st["warmup_s"]}
 
@@ -202,13 +205,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = []
     print(f"device: {get_backend('cupy').device_name()}  weights: {bench_weights()[1]}")
-    print(f"{'impl':38s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}", flush=True)
+    print(f"{'impl':40s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}", flush=True)
 
     def show(new: list) -> None:   # as they come: a long torch.compile must not hide earlier rows
         for r in new:
             rows.append(r)
             d = f"{r['direct_ms']:.3f}" if "direct_ms" in r else "-"
-            print(f"{r['impl']:38s} {r['batch']:5d} {d:>10s} {r['graph_ms']:9.3f} "
+            print(f"{r['impl']:40s} {r['batch']:5d} {d:>10s} {r['graph_ms']:9.3f} "
                   f"{1000 * r['batch'] / r['graph_ms']:8.0f}", flush=True)
 
     for b in [int(v) for v in args.batches.split(",")]:
@@ -222,6 +225,8 @@ def main(argv=None) -> int:
             except ImportError as e:
                 print(f"torch comparison skipped: {e}")
                 break
+            except Exception as e:   # one peer's failure (a torch.compile error) must not lose the others
+                print(f"{name} failed at batch {b}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     for r in rows:
         if "launches" in r:
             print(f"{r['impl']} b{r['batch']}: {r['launches']} launches/call, build {r['build_s']:.1f} s, {r['arena']}")

@@ -25,9 +25,13 @@ from runtime.schedule import NoiseStream, Step  # noqa: E402
 
 PRECISIONS = ("fp32", "fp16")
 COMPILE_MODES = (None, "default", "reduce-overhead")
-# (name, precision, torch.compile mode or None for eager): the peers bench_peers.py runs
-PEERS = (("torch eager fp32", "fp32", None), ("torch eager fp16", "fp16", None),
-         ("torch.compile fp16", "fp16", "default"), ("torch.compile ro fp16", "fp16", "reduce-overhead"))
+# nchw: PyTorch's defaults (what a user gets); nhwc: channels_last activations and weights with
+# cudnn.benchmark on (what a user tuning the peer would add)
+LAYOUTS = ("nchw", "nhwc")
+# (name, precision, torch.compile mode or None for eager, layout): the peers bench_peers.py runs
+PEERS = (("torch eager fp32", "fp32", None, "nchw"), ("torch eager fp16", "fp16", None, "nchw"),
+         ("torch.compile fp16", "fp16", "default", "nchw"), ("torch.compile ro fp16", "fp16", "reduce-overhead", "nchw"),
+         ("torch.compile ro fp16 NHWC", "fp16", "reduce-overhead", "nhwc"))
 
 
 def strict_fp32() -> None:
@@ -38,16 +42,30 @@ def strict_fp32() -> None:
 
 
 def torch_model(weights: Any, precision: str = "fp16", compile_mode: Optional[str] = None,
-                device: str = "cuda") -> Tuple[Any, Any]:
-    """(callable model(x, t), its dtype): the twin with our weights, eager or torch.compile'd."""
+                device: str = "cuda", layout: str = "nchw") -> Tuple[Any, Any]:
+    """(callable model(x, t), its dtype): the twin with our weights, eager or torch.compile'd; with
+    layout "nhwc" on channels_last tensors (its NCHW input converted inside the model) and
+    cudnn.benchmark on, for the process (each peer runs in a process of its own)."""
     import torch
     from torch_unet import SeedUNet, load_numpy_params
-    if precision not in PRECISIONS or compile_mode not in COMPILE_MODES:
-        raise ValueError(f"peer precision {precision!r} / compile mode {compile_mode!r} unsupported")
+    if precision not in PRECISIONS or compile_mode not in COMPILE_MODES or layout not in LAYOUTS:
+        raise ValueError(f"peer precision {precision!r} / compile mode {compile_mode!r} / layout {layout!r} unsupported")
     model = SeedUNet(weights.config)
     load_numpy_params(model, {k: v.astype(np.float32) for k, v in weights.params.items()})
     dtype = torch.float16 if precision == "fp16" else torch.float32
     model = model.to(device).to(dtype).eval()
+    if layout == "nhwc":
+        torch.backends.cudnn.benchmark = True
+
+        class ChannelsLast(torch.nn.Module):
+            def __init__(self, inner: Any) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, x: Any, t: Any) -> Any:
+                return self.inner(x.contiguous(memory_format=torch.channels_last), t)
+
+        model = ChannelsLast(model.to(memory_format=torch.channels_last)).eval()
     if compile_mode is None:
         return model, dtype
     # dynamic=False: kernels for this batch size only. By default a second batch size in one process
