@@ -643,7 +643,8 @@ def pack_dw_tc(w: np.ndarray, k: int, precision: str) -> np.ndarray:
     c = w.shape[0]
     w = np.asarray(w, dtype=np.float32).reshape(c, k, k)
     ch, ky, lane, r, e = np.ix_(np.arange(c), np.arange(k), np.arange(32), np.arange(2), np.arange(2))
-    kx = 2 * (lane % 4) + 8 * r + e - lane // 4   # k - n
+    kk, n = b_fragment(lane, r, e)
+    kx = kk - n
     vals = np.where((kx >= 0) & (kx < k), w[ch, ky, np.clip(kx, 0, k - 1)], 0.0)
     return to_device(vals, precision)
 
@@ -707,6 +708,12 @@ def init_key(op: Op, ctx: Ctx) -> SimpleKey:
     return SimpleKey("init", ctx.precision, op.k, xt.channels, init_tw(xt.size, ctx.tile_batch or ctx.batch, ctx.sms))
 
 
+def b_fragment(lane: Any, r: Any, e: Any) -> Tuple[Any, Any]:
+    """(k, n) of the B element that lane l holds in register r, half e, of an mma.m16n8k16 B
+    fragment (k 16 deep, n 8 wide): k = 2 (l % 4) + 8 r + e, n = l // 4 (arrays broadcast)."""
+    return 2 * (lane % 4) + 8 * r + e, lane // 4
+
+
 def init_tc_steps(k: int) -> int:
     """16-deep mma steps of init_conv_tc: k * k taps of 4 channels each."""
     return cdiv(4 * k * k, 16)
@@ -724,7 +731,8 @@ def pack_init_tc(w: np.ndarray, precision: str, coutp: int) -> np.ndarray:
     w4[..., :cin] = np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1)
     b[:cout, :4 * k * k] = w4.reshape(cout, -1)
     s, j, lane, r, e = np.ix_(np.arange(steps), np.arange(coutp // 8), np.arange(32), np.arange(2), np.arange(2))
-    return to_device(b[8 * j + lane // 4, 16 * s + 2 * (lane % 4) + 8 * r + e], precision)
+    kk, n = b_fragment(lane, r, e)
+    return to_device(b[8 * j + n, 16 * s + kk], precision)
 
 
 def init_spec(op: Op, ctx: Ctx) -> OpSpec:
