@@ -81,6 +81,7 @@ def _own_module_cache():
 @pytest.fixture
 def no_stages(monkeypatch):
     monkeypatch.setenv(ops.STAGES_ENV, "0")
+    monkeypatch.setenv(ops.DW_TC_ENV, "0")   # the fixture predates the tensor-core depthwise conv too
 
 
 @pytest.fixture
@@ -270,5 +271,6 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
 if __name__ == "__main__" and "--write-golden" in sys.argv:
     import os
     os.environ[ops.STAGES_ENV] = "0"
+    os.environ[ops.DW_TC_ENV] = "0"
     GOLDEN.write_text(json.dumps(describe_all(), indent=0, sort_keys=True))
     print(f"wrote {GOLDEN}")

@@ -72,9 +72,11 @@ def test_one_module_serves_every_batch():
     assert syms[0] == syms[1] == syms[2]
 
 
-def test_depthwise_channel_pairs_only_where_the_grid_is_deep():
-    """ops.dwconv_cp: two channels per thread where the one-channel grid has more CTAs than SMs and
-    the image has 16 rows; never with scalar loads."""
+def test_depthwise_channel_pairs_only_where_the_grid_is_deep(monkeypatch):
+    """ops.dwconv_cp (the FFMA kernel: $JETSON_UNET_DW_TC=0): two channels per thread where the
+    one-channel grid has more CTAs than SMs and the image has 16 rows; never with scalar loads."""
+    monkeypatch.setenv(ops.DW_TC_ENV, "0")
+
     def pairs(cfg, batch, sms):
         ex = GpuExecutor(W(cfg), "fp16", batch=batch, backend=FakeBackend(sms=sms))
         return {L.name for L in ex.launches if L.name.endswith(".ds_conv") and L.fn.symbol.endswith("_p2")}
@@ -88,28 +90,30 @@ def test_depthwise_channel_pairs_only_where_the_grid_is_deep():
     assert ops.dwconv_cp(64, 64, 16, 8, vec=1) == 1                                # scalar loads: one channel
 
 
-def test_depthwise_on_tensor_cores_only_when_asked_and_where_it_applies(monkeypatch):
-    """$JETSON_UNET_DW_TC=1: ops.dwconv_tc puts the 16-bit depthwise convs of images of >= 16 rows on
-    kernels/dwconv.cu dwconv_tc (16 x 16 x 32 tiles, B fragments packed by the host); 8x8 maps, fp32
-    and the unset variable keep the FFMA kernel."""
+def test_depthwise_on_tensor_cores_by_default_and_where_it_applies(monkeypatch):
+    """By default ($JETSON_UNET_DW_TC unset, empty or 1) ops.dwconv_tc puts the 16-bit depthwise convs
+    of images of >= 16 rows on kernels/dwconv.cu dwconv_tc (16 x 16 x 8 CPW tiles, B fragments packed
+    by the host); 8x8 maps, fp32 and $JETSON_UNET_DW_TC=0 keep the FFMA kernel."""
     def dw(precision, env):
         monkeypatch.setenv(ops.DW_TC_ENV, env)
         ex = GpuExecutor(W(UNetConfig()), precision, batch=16, backend=FakeBackend(sms=132))
         writer = {op.out: op for op in ex.plan.ops}
         return ex, {s.op.out: (s, L) for s, L in zip(ex.specs, ex.launches) if s.op.out.endswith(".ds_conv")}, writer
 
-    ex, got, writer = dw("fp16", "1")
-    for name, (spec, L) in got.items():
-        xt = ex.plan.tensors[writer[name].x]
-        if xt.size >= ops.DW_TC_TILE:
-            cpw = ops.dwconv_tc_cpw(xt.size, xt.channels, 16, 132)
-            assert L.fn.symbol == f"dwconv7_f16_tc{cpw}", name
-            assert L.grid == (ops.cdiv(xt.size, 16) ** 2, ops.cdiv(xt.channels, 8 * cpw), 16) and L.block == (256, 1, 1)
-            assert spec.blobs["w"].shape == (xt.channels, 7, 32, 2, 2) and spec.blobs["w"].dtype == np.float16
-        else:
-            assert "_tc" not in L.fn.symbol, name
-    assert {L.fn.symbol for _, L in got.values() if "_tc" in L.fn.symbol} == {"dwconv7_f16_tc4", "dwconv7_f16_tc2", "dwconv7_f16_tc1"}
-    for precision, env in (("fp32", "1"), ("fp16", "0"), ("bf16", "")):
+    for env in ("1", ""):
+        ex, got, writer = dw("fp16", env)
+        for name, (spec, L) in got.items():
+            xt = ex.plan.tensors[writer[name].x]
+            if xt.size >= ops.DW_TC_TILE:
+                cpw = ops.dwconv_tc_cpw(xt.size, xt.channels, 16, 132)
+                assert L.fn.symbol == f"dwconv7_f16_tc{cpw}", name
+                assert L.grid == (ops.cdiv(xt.size, 16) ** 2, ops.cdiv(xt.channels, 8 * cpw), 16) and L.block == (256, 1, 1)
+                assert spec.blobs["w"].shape == (xt.channels, 7, 32, 2, 2) and spec.blobs["w"].dtype == np.float16
+            else:
+                assert "_tc" not in L.fn.symbol, name
+        assert {L.fn.symbol for _, L in got.values() if "_tc" in L.fn.symbol} == {"dwconv7_f16_tc4", "dwconv7_f16_tc2", "dwconv7_f16_tc1"}
+    assert any("_tc" in L.fn.symbol for _, L in dw("bf16", "")[1].values())
+    for precision, env in (("fp32", "1"), ("fp32", ""), ("fp16", "0"), ("bf16", "0")):
         assert not any("_tc" in L.fn.symbol for _, L in dw(precision, env)[1].values()), (precision, env)
     # channels per warp: 4 where that grid has a CTA per SM, else 2, else 1
     assert ops.dwconv_tc_cpw(64, 32, 16, 132) == 4 and ops.dwconv_tc_cpw(32, 64, 16, 132) == 2

@@ -7,7 +7,7 @@ tools/bench_unet.py runs on, a Jetson included.
     python3 tools/knockout.py gelu+stats --batches 1     # two knockouts in one copy
     python3 tools/knockout.py --ref HEAD~1               # the working tree vs HEAD~1's kernels/
     python3 tools/knockout.py --ref .device/kbase        # ... vs the kernel files in a folder
-    python3 tools/knockout.py --env JETSON_UNET_DW_TC=1  # ... vs itself with an opt-in switched on
+    python3 tools/knockout.py --env JETSON_UNET_DW_TC=0  # ... vs itself with a setting changed
     python3 tools/knockout.py --list                     # the knockouts and what each removes
 
 Each variant is a copy of runtime/, kernels/, tools/, weights/ and pyproject.toml in a scratch

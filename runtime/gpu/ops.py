@@ -37,7 +37,7 @@ GEMM_SCRATCH = 1200                                  # conv_gemm's beside its ti
 HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic smem: 2 CTAs per sm_87 SM (164 KB)
 FOLD_ENV = "JETSON_UNET_GN_FOLD"                     # 0: GroupNorm as a table pass everywhere (fold_norm)
 FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded GroupNorm accepts (fold_norm)
-DW_TC_ENV = "JETSON_UNET_DW_TC"                      # 1: the depthwise conv on tensor cores (dwconv_tc)
+DW_TC_ENV = "JETSON_UNET_DW_TC"                      # 0: the FFMA depthwise conv everywhere (dwconv_tc)
 DW_TC_TILE = 16                                      # dwconv.cu dwconv_tc: 16 x 16 outputs x 8 CPW channels
 
 
@@ -204,12 +204,13 @@ def fold_from_env(environ: Optional[Mapping[str, str]] = None) -> bool:
 
 
 def dw_tc_from_env(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """$JETSON_UNET_DW_TC: 1 -> the depthwise conv on tensor cores where dwconv_tc allows it; unset,
-    empty or 0 -> the FFMA kernel (the default until the tensor-core kernel is measured faster)."""
+    """$JETSON_UNET_DW_TC: unset, empty or 1 -> the depthwise conv on tensor cores where dwconv_tc
+    allows it; 0 -> the FFMA kernel everywhere. Measured faster on every op it takes (H200, session
+    21 of docs/perf-notes.md: batch 16 1.090 -> 1.062 ms a call, the 64x64 ones 20.9 -> 16.4 us)."""
     raw = (os.environ if environ is None else environ).get(DW_TC_ENV, "").strip()
     if raw not in ("", "0", "1"):
         raise ConfigError(f"${DW_TC_ENV} must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return raw != "0"
 
 
 def stages_from_env(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -627,8 +628,8 @@ def dwconv_tc(precision: str, vec: int, size: int, k: int) -> bool:
 
 def dwconv_tc_cpw(size: int, channels: int, batch: int, sms: int) -> int:
     """dwconv_tc's channels per warp (a CTA: 8 warps, 8 CPW channels): 4 where that grid still has a
-    CTA per SM, else 2, else 1 (2-4x the CTAs, each a shorter chain), like dwconv_tw. Not measured
-    yet (docs/perf-notes.md session 20)."""
+    CTA per SM, else 2, else 1 (2-4x the CTAs, each a shorter chain), like dwconv_tw. Every choice
+    it made for the seed model at batch 1 and 16 beat the FFMA kernel's (docs/perf-notes.md session 21)."""
     for cpw in (4, 2):
         if cdiv(size, DW_TC_TILE) ** 2 * cdiv(channels, 8 * cpw) * batch >= sms:
             return cpw

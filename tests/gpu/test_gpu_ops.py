@@ -104,8 +104,9 @@ def test_every_op_matches_reference(backend, precision, case, conv_variant):
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_depthwise_channel_pairs_match_reference(backend, precision, monkeypatch):
     """The two-channel depthwise conv (ops.dwconv_cp; picked by grid depth, so batch 16 on the H100)
-    forced onto every depthwise op of a batch-3 call, op by op as above."""
+    forced onto every depthwise op of a batch-3 call (the tensor-core kernel off), op by op as above."""
     from runtime.gpu import ops
+    monkeypatch.setenv(ops.DW_TC_ENV, "0")
     monkeypatch.setattr(ops, "dwconv_cp", lambda size, channels, batch, sms, vec: 2 if vec > 1 else 1)
     check_depthwise(backend, precision, "pairs", lambda L: L.fn.symbol.endswith("_p2"), lambda size: True)
 
@@ -129,7 +130,7 @@ def check_depthwise(backend, precision: str, label: str, is_variant, applies) ->
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_depthwise_on_tensor_cores_matches_reference(backend, precision, monkeypatch):
-    """The tensor-core depthwise conv ($JETSON_UNET_DW_TC=1: kernels/dwconv.cu dwconv_tc) on every
+    """The tensor-core depthwise conv (the default; kernels/dwconv.cu dwconv_tc) on every
     depthwise op of images >= 16 rows in a batch-3 call, op by op as above (its weights are rounded
     to the activation dtype: within the same tolerance)."""
     from runtime.gpu import ops
