@@ -201,16 +201,21 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 // CTA: 256 threads, a tile of 16 x 16 outputs x CC = 8 CPW channels; warp w takes channels CPW w ..
 // CPW w + CPW - 1, each as 2 column blocks x K mma (the 2 CPW accumulator sets of a warp are
 // independent chains). CPW = 4 (32 channels) where the grid is deep; 2 or 1 make 2-4x the CTAs for
-// small grids (ops.dwconv_tc_cpw), a shorter chain per CTA. The halo is
-// staged transposed, one plane per channel ([CC][TH + K - 1][24] 16-bit words, rows 48 bytes apart,
-// so the 8 rows of an ldmatrix phase hit distinct banks; columns past the conv's reach meet zero
-// weights and hold finite values), from pairs of pixels (two 16-byte loads, eight 4-byte stores; the
-// warp's 32 pairs are consecutive words of one plane: no bank conflicts). The outputs go back through
+// small grids (ops.dwconv_tc_cpw), a shorter chain per CTA. The halo is staged transposed, one
+// plane per channel ([CC][TH + K - 1][24] 16-bit words, rows 48 bytes apart, so the 8 rows of an
+// ldmatrix phase hit distinct banks; columns past the conv's reach meet zero weights and hold finite
+// values; each group of 8 planes GPAD 16-bit words after the last), from pairs of pixels (two
+// 16-byte loads of one channel vector, eight 4-byte stores). A warp's loads take CV consecutive
+// vectors (all of the tile's channels) of 32 / CV pixel pairs: whole sectors, 32 / CV lines a load,
+// where one vector per lane took 32 lines and 2-4x the L1 requests (Nsight Compute, session 21: the
+// kernel waited on these loads, not on its mma). Its stores then write words q .. q + 32 / CV - 1 of
+// CV planes 8 apart, which GPAD (32 / CV 4-byte words a group) spreads over all 32 banks. The B
+// fragments of a warp's channel q are loaded as its mma start (K register pairs live, not CPW K:
+// CPW 4 runs at 80 registers, 3 CTAs per SM, where holding all of them took 128 and 2 CTAs; CPW 1,
+// 60 registers, loads them with the halo, a latency less per CTA). The outputs go back through
 // shared memory ([CC channels][256 pixels + 2]) to 16-byte stores of 8 channels, a warp's 32 / CPW
 // pixels x CPW vectors (the tile's 16 CPW contiguous bytes of each pixel). Statistics as the FFMA
-// kernel: one StatPartial per CTA. CPW = 4 at 2 CTAs per SM: 127 registers on sm_87, 128 on sm_90,
-// no spills (at 3 CTAs ~600 bytes of spills: the warp's 28 B fragments, 56 registers, live through
-// the whole k loop).
+// kernel: one StatPartial per CTA.
 // Why: the FFMA kernel issues ~1.2-1.6 instructions per multiply-add, 49 per output; here a warp's
 // 128 outputs per channel and column block cost K ldmatrix + K mma.
 // Launch: grid (ceil(H/16)*ceil(W/16), ceil(C/CC), B), block 256, no dynamic smem.
@@ -222,9 +227,11 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     constexpr int NT = 256, CC = 8 * CPW, TH = 16, TW = 16, P = K / 2, VEC = 8, CV = CC / VEC;
     constexpr int PR = TH + K - 1, PC = TW + 8, PLANE = PR * PC;   // halo plane: rows, columns, words
     constexpr int NPAIR = PR * (PC / 2), PAIRS_PT = (NPAIR * CV + NT - 1) / NT;
+    constexpr int GPAD = CV > 1 ? 64 / CV : 0;                      // 16-bit words after each 8 planes
     constexpr int OSTR = TH * TW + 2;                               // output staging: words per channel
     static_assert(CC * OSTR <= CC * PLANE, "the output staging reuses the halo planes");
-    __shared__ __align__(16) S planes[CC * PLANE];
+    static_assert(PLANE % 8 == 0 && GPAD % 8 == 0, "16-byte aligned planes for ldmatrix");
+    __shared__ __align__(16) S planes[CC * PLANE + CV * GPAD];
     __shared__ float red[33];
     const S *x = (const S *)x_;
     S *out = (S *)out_;
@@ -235,12 +242,12 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     const int c0 = blockIdx.y * CC, b = blockIdx.z;
     const int tb_i = tbias ? t_idx[b] : 0;
 
-    // ---- every load first: the halo's pixel pairs, then the warp's B fragments ------------------
-    // pair job i: channel vector cv = i / NPAIR, pair q = i % NPAIR (row q / (PC/2), columns 2 (q % (PC/2)) + 0, 1)
+    // ---- every load first: the halo's pixel pairs, (CPW 1) the B fragments, bias and time bias ---
+    // pair job i: channel vector cv = i % CV, pair q = i / CV (row q / (PC/2), columns 2 (q % (PC/2)) + 0, 1)
     Vec<S, VEC> hv[PAIRS_PT][2];
 #pragma unroll
     for (int u = 0; u < PAIRS_PT; ++u) {
-        const int i = tid + u * NT, cv = i / NPAIR, q = i - cv * NPAIR;
+        const int i = tid + u * NT, cv = i % CV, q = i / CV;
         const int py = q / (PC / 2), px = 2 * (q - py * (PC / 2));
         const int gy = y0 + py - P, gx = x0 + px - P, c = c0 + cv * VEC;
         const bool rowok = i < NPAIR * CV && gy >= 0 && gy < H && c < C;
@@ -249,13 +256,14 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
         for (int e = 0; e < 2; ++e)
             hv[u][e] = (rowok && gx + e >= 0 && gx + e < W) ? vload<S, VEC>(src + e * ldx) : vzero<S, VEC>();
     }
-    uint2 bf[CPW][K];
-#pragma unroll
-    for (int q = 0; q < CPW; ++q) {
+    // the B fragments of the warp's channel q: K 8-byte loads per lane
+    auto load_b = [&](uint2 (&bq)[K], int q) {
         const int c = c0 + warp * CPW + q;
 #pragma unroll
-        for (int ky = 0; ky < K; ++ky) bf[q][ky] = c < C ? wf[((size_t)c * K + ky) * 32 + lane] : uint2{0u, 0u};
-    }
+        for (int ky = 0; ky < K; ++ky) bq[ky] = c < C ? wf[((size_t)c * K + ky) * 32 + lane] : uint2{0u, 0u};
+    };
+    uint2 bf[K];      // channel q's B fragments, loaded in the k loop; with one channel per warp
+    if (CPW == 1) load_b(bf, 0);   // already here (registers to spare: one memory latency less)
     float add[CPW];   // bias + time bias, consumed in the epilogue
 #pragma unroll
     for (int q = 0; q < CPW; ++q) {
@@ -264,9 +272,9 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     }
 #pragma unroll
     for (int u = 0; u < PAIRS_PT; ++u) {
-        const int i = tid + u * NT, cv = i / NPAIR, q = i - cv * NPAIR;
+        const int i = tid + u * NT, cv = i % CV, q = i / CV;
         if (i >= NPAIR * CV) continue;
-        u32 *dst = reinterpret_cast<u32 *>(planes) + (cv * VEC * PLANE) / 2 + q;   // word q of plane cv*8
+        u32 *dst = reinterpret_cast<u32 *>(planes) + (cv * (VEC * PLANE + GPAD)) / 2 + q;   // word q of plane cv*8
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
             dst[e * (PLANE / 2)] = (u32)hv[u][0].v[e] | ((u32)hv[u][1].v[e] << 16);
@@ -280,22 +288,23 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     const saddr abase = smem_u32(planes) + (u32)((((mj & 1) * 8 + mr) * PC + (mj >> 1) * 8) * 2);
     float acc[CPW][2][4];
 #pragma unroll
-    for (int q = 0; q < CPW; ++q)
+    for (int q = 0; q < CPW; ++q) {
+        const int cl = warp * CPW + q;
+        if (CPW > 1) load_b(bf, q);
 #pragma unroll
         for (int cb = 0; cb < 2; ++cb)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[q][cb][e] = 0.0f;
 #pragma unroll
-    for (int ky = 0; ky < K; ++ky)
-#pragma unroll
-        for (int q = 0; q < CPW; ++q)
+        for (int ky = 0; ky < K; ++ky)
 #pragma unroll
             for (int cb = 0; cb < 2; ++cb) {
                 u32 a[4];
-                ldmatrix_x4(a, abase + (u32)(((warp * CPW + q) * PLANE + ky * PC + cb * 8) * 2));
-                const u32 bb[2] = {bf[q][ky].x, bf[q][ky].y};
+                ldmatrix_x4(a, abase + (u32)((cl * PLANE + (cl / VEC) * GPAD + ky * PC + cb * 8) * 2));
+                const u32 bb[2] = {bf[ky].x, bf[ky].y};
                 D::mma(acc[q][cb], a, bb);
             }
+    }
     __syncthreads();   // every warp is done with the planes: they take the outputs next
 
     // ---- epilogue: + bias + time bias; stage [channel][pixel]; statistics; 16-byte stores --------
@@ -350,6 +359,6 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
 }
 
 #define DW_TC_INSTANCE(name, D, K, CPW)                                                           \
-    extern "C" __global__ void __launch_bounds__(256, (CPW) == 4 ? 2 : 3) name(DW_PARAMS) {         \
+    extern "C" __global__ void __launch_bounds__(256, (CPW) == 2 ? 4 : 3) name(DW_PARAMS) {         \
         dwconv_tc<D, K, CPW>(DW_ARGS);                                                            \
     }
