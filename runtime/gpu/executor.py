@@ -25,10 +25,10 @@ from ..plan import CAT, Plan, build_plan
 from ..reference import Reference
 from . import memory
 from .backend import get_backend
-from .kernels import KernelSet
+from .kernels import KernelSet, notice
 from .ops import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec,
                   storage_dtype, to_device)
-from .tuning import find_tiles
+from .tuning import builtin_tiles_notice, find_tiles
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 ALIGN = memory.ALIGN
@@ -158,6 +158,8 @@ class GpuExecutor:
             found = find_tiles(self.config, self.backend.device_name(), sms, precision, self.batch)
             self.tiles_from: Optional[str] = str(found[0]) if found else None
             tiles = found[1] if found else {}
+            if not found:
+                notice(builtin_tiles_notice(self.backend.device_name(), sms, precision, self.batch))
         else:
             self.tiles_from = "given" if tiles else None   # {}: the built-in tiles
         ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=dict(tiles))

@@ -168,6 +168,12 @@ def set_compile_notice(fn: Optional[Callable[[str], None]]) -> Optional[Callable
     return prev
 
 
+def notice(msg: str) -> None:
+    """One line through the CLI's hook (set_compile_notice); nothing without one: the API stays quiet."""
+    if _notice is not None:
+        _notice(msg)
+
+
 def compile_notice(arch: int) -> str:
     return (f"compiling GPU kernels for sm_{arch} (first run; `jetson-sample --prepare` does this "
             "ahead of time)...")
@@ -186,8 +192,7 @@ def load_module(backend: Any, source: str, name: str, options: Tuple[str, ...], 
             return backend.load_cubin(entry.cubin, symbols)
         except KernelCompileError as e:
             cache.discard(entry.cubin, f"the driver refused it ({(e.log or str(e)).strip().splitlines()[0]})")
-    if _notice is not None:
-        _notice(compile_notice(arch))
+    notice(compile_notice(arch))
     cubin = backend.compile_cubin(source, f"{name}.cu", options, arch) if toolchain else None
     if cubin is None:   # this CuPy cannot hand out a cubin: its own compile path (and disk cache)
         return backend.compile(source, f"{name}.cu", options, symbols)

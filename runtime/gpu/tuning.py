@@ -174,6 +174,14 @@ def file_name(device: str, sms: int, precision: str, batch: int) -> str:
     return f"tiles-{slug}-{int(sms)}sm-{precision}-b{int(batch)}.json"
 
 
+def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> str:
+    """What the CLI says when find_tiles found nothing for this GPU: it runs the built-in tiles (on the
+    H200 in session 21 they were 7% slower a call than its measured ones, docs/perf-notes.md)."""
+    return (f"no measured tiles for {device} ({sms} SMs), {precision}, batch {batch}: built-in tiles; "
+            f"`python3 tools/tune_tiles.py --precision {precision} --batch {batch}` measures them once "
+            "(a few minutes)")
+
+
 def find_tiles(config: Any, device: str, sms: int, precision: str, batch: int,
                dirs: Optional[Sequence[Path]] = None) -> Optional[Tuple[Path, Dict[str, TileChoice]]]:
     """The first tuning file for this (device, SMs, precision, batch) whose config matches, or None.
