@@ -155,11 +155,12 @@ class GpuExecutor:
         self._bufs: List[Any] = []
         sms = device_sm_count(self.backend)
         if tiles is None:   # measured tiles for this GPU and batch, if tools/tune_tiles.py made some
-            found = find_tiles(self.config, self.backend.device_name(), sms, precision, self.batch)
+            device = self.backend.device_name()
+            found = find_tiles(self.config, device, sms, precision, self.batch)
             self.tiles_from: Optional[str] = str(found[0]) if found else None
             tiles = found[1] if found else {}
             if not found:
-                notice(builtin_tiles_notice(self.backend.device_name(), sms, precision, self.batch))
+                notice(builtin_tiles_notice(device, sms, precision, self.batch))
         else:
             self.tiles_from = "given" if tiles else None   # {}: the built-in tiles
         ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=dict(tiles))
