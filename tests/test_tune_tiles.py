@@ -20,7 +20,7 @@ from runtime.errors import ConfigError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, view_layout  # noqa: E402
 from runtime.gpu.kernels import KernelSet  # noqa: E402
-from runtime.gpu.tuning import SHIPPED, candidates, load_tiles, tunable  # noqa: E402
+from runtime.gpu.tuning import SHIPPED, builtin_tiles, candidates, load_tiles, tunable  # noqa: E402
 from runtime.plan import build_plan  # noqa: E402
 from runtime.weights import load_weights  # noqa: E402
 
@@ -230,3 +230,50 @@ def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_p
     said.clear()
     ex = GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8))
     assert ex.tiles_from == str(tmp_path / file_name("fake", 8, "fp16", 2)) and said == []
+
+
+def heuristic(weights, batch: int, sms: int, precision: str = "fp16"):
+    plan = build_plan(weights.config)
+    ctx = ops.Ctx(plan, weights.params, precision, batch, sms, view_layout(plan))
+    return plan, ctx, {op.out: ops.op_spec(op, ctx) for op in plan.ops if tunable(op, ctx)}
+
+
+def test_builtin_tiles_follow_what_the_tuner_measured(weights):
+    """The built-in rules taken from the shipped tuning files (H100 and H200, batch 1 and 16): gates
+    wider than 128 split over 64-wide CTAs with BK 64, 128-wide ones one row of 4 warps; BN 32 where
+    BN 64 leaves SMs idle (every batch-1 conv of a large GPU); the halo conv for conv1 and up2 convs
+    only, and only where the grid fills every SM twice (never at batch 1 on 132 SMs)."""
+    plan, _, b1 = heuristic(weights, 1, 132)
+    _, _, b16 = heuristic(weights, 16, 132)
+    for specs in (b1, b16):
+        for name, spec in specs.items():
+            op, k = spec.op, spec.key
+            n = plan.tensors[op.x].channels if op.kind == "gate" else plan.tensors[op.out].channels
+            if op.kind == "gate" and n > 128:
+                assert (k.bm, k.bn, k.bk, k.wm, k.wn, k.nsplit) == (32, 64, 64, 2, 2, True), name
+            elif op.kind == "gate" and n == 128:
+                assert (k.bn, k.wm, k.wn, k.nsplit) == (128, 1, 4, False), name
+            if k.halo:
+                assert op.k == 3 and not (op.residual or op.residual_conv) and (op.norm or op.in_map == "up2"), name
+                assert 16 * (plan.tensors[op.out].size ** 2 // k.bm) * (n // k.bn) >= 2 * 132 and specs is b16, name
+    convs = [s.key for s in b1.values() if s.op.kind == "conv"]
+    assert convs and all(k.bn == 32 and not k.halo for k in convs)
+    assert b16["ups.3.block1.conv1"].key.symbol == "conv3x3s1u1_f16_128x64x64_4x2_v8_h3_f"   # the tuned tile
+    assert not b16["ups.3.block1"].key.halo and not b16["ups.3.up.conv"].key.halo
+    _, _, f32 = heuristic(weights, 16, 132, "fp32")
+    assert not any(getattr(s.key, "halo", False) or s.key.stages for s in f32.values())
+
+
+@pytest.mark.parametrize("sms,batch", [(8, 1), (4, 1), (132, 16), (132, 1)])
+def test_builtin_tiles_as_a_tile_mapping_launch_the_same_kernels(weights, sms, batch):
+    """tuning.builtin_tiles: an untuned GPU's tiles (an Orin's, for the GPU test that runs them on the
+    lent GPU) given as tiles give the same keys and grids, split-K included."""
+    plan, ctx, specs = heuristic(weights, batch, sms)
+    tiles = builtin_tiles(ctx)
+    assert set(tiles) == set(specs)
+    given = ops.Ctx(plan, weights.params, "fp16", batch, sms, view_layout(plan), tiles=tiles)
+    for name, spec in specs.items():
+        again = ops.op_spec(spec.op, given)
+        assert (again.key, again.grid) == (spec.key, spec.grid), name
+    assert any(t.splits > 1 for t in tiles.values()) == any(s.grid[0] > -(-plan.tensors[n].size ** 2 // s.key.bm)
+                                                           for n, s in specs.items())

@@ -40,7 +40,7 @@ step sample 60 python3 -m runtime.cli --backend cupy --batch 16 --seed 0 --out "
 step bench-sampling 200 python3 tools/bench_sampling.py --batch 1 16 --repeat 3 --json "$OUT/bench_sampling.json"
 step jetson-bench 90 python3 -m runtime.bench --backend cupy --batch 1 16 --precision fp16 --mode gpu cpu \
   --runs 3 --warmup 1 --telemetry auto --interval 0.05 --cold none --out "$OUT/jbench"
-step pycuda-tests 150 python3 -m pytest -m gpu tests/gpu/test_gpu_pycuda.py -q -rs
+step pycuda-tests 360 python3 -m pytest -m gpu tests/gpu/test_gpu_pycuda.py -q -rs
 step roofline 80 python3 tools/roofline.py --json "$OUT/roofline.json"
 # at most 8 files come back from the lent machine: fold the bench folder into one archive
 [ -d "$OUT/jbench" ] && tar czf "$OUT/jbench.tgz" -C "$OUT" jbench && rm -rf "$OUT/jbench"

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError
-from ..plan import CONV, GATE, Op, Plan
+from ..plan import CONV, GATE, Op, Plan, Tensor
 from .kernels import ConvKey, SimpleKey
 
 VEC_MAX = {"fp32": 4, "fp16": 8, "bf16": 8}          # 16-byte vectors
@@ -38,6 +38,9 @@ HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic sm
 FOLD_ENV = "JETSON_UNET_GN_FOLD"                     # 0: GroupNorm as a table pass everywhere (fold_norm)
 FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded GroupNorm accepts (fold_norm)
 DW_TC_ENV = "JETSON_UNET_DW_TC"                      # 0: the FFMA depthwise conv everywhere (dwconv_tc)
+HALO_STAGES = 3                                      # conv_halo.cu's weight slots in flight (built-in and tuned)
+NARROW_SHALLOW = True                                # choose_tile: BN 32 where BN 64 leaves SMs idle
+BUILTIN_HALO = True                                  # builtin_halo: the halo conv where the grid is deep
 DW_TC_TILE = 16                                      # dwconv.cu dwconv_tc: 16 x 16 outputs x 8 CPW channels
 
 
@@ -150,25 +153,40 @@ class TileChoice:
 
 # ---- tile choice ----------------------------------------------------------------------------------
 
-def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool) -> Tuple[int, int, int, int]:
+def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool, k: int = 0) -> Tuple[int, int, int, int]:
     """(BM, BN, WM, WN). Gates take the whole N in one CTA (psi is a dot product over N; a measured
     tile may split it, kernels/conv.cu conv_finish).
     Convs: BN covers N where it can; BM is the largest that still gives ~2 CTAs per SM
     (batch-1 calls are launch/latency bound: many small CTAs beat few big ones)."""
     tc = precision != "fp32"
+    target = 2 * sms
     if gate:
         if n > GATE_MAX_N:
             raise ConfigError(f"the GPU gate kernel supports at most {GATE_MAX_N} gate channels, got {n}")
         bn = next(b for b in (32, 64, 128, 256) if b >= n)
-        return (32, bn, 1, 4) if (tc and bn == 256) else (32, bn, 2, 2)
+        if not tc:
+            return 32, bn, 2, 2
+        # what tools/tune_tiles.py picked on the H100 and the H200 at batch 1 and 16 alike: N > 128
+        # split over 64-wide CTAs that meet through a ticket (one 256-wide CTA held 255 registers),
+        # 128 as one row of 4 warps; narrower gates take 64 rows where that still fills the GPU twice
+        if bn == 256:
+            return 32, 64, 2, 2
+        if bn == 128:
+            return 32, 128, 1, 4
+        return (64 if batch * cdiv(m, 64) >= target else 32), bn, 2, 2
     bn = 32 if n <= 32 else 64
-    if tc and n > 64 and batch * cdiv(m, 64) * cdiv(n, 128) >= 2 * sms:
+    if tc and n > 64 and batch * cdiv(m, 64) * cdiv(n, 128) >= target:
         bn = 128
     choices = (128, 64, 32) if tc else (64, 32)
     if tc and bn == 128:
         choices = (64, 32)                                  # 128x128 would need ~255 registers
-    target = 2 * sms
     bm = next((b for b in choices if batch * cdiv(m, b) * cdiv(n, bn) >= target), choices[-1])
+    ctas = batch * cdiv(m, bm) * cdiv(n, bn)
+    if tc and NARROW_SHALLOW and bn == 64 and ctas * choose_splits(cdiv(k, 64), ctas, sms) < target:
+        # the grid stays short of two CTAs per SM even split over K (k: the GEMM's depth): twice the
+        # CTAs, each a shorter chain (every batch-1 conv of a 132-SM GPU; at batch 16 the split
+        # 32x64 tile was measured faster: docs/perf-notes.md, session 22)
+        bn = 32
     if tc and bm * bn > 64 * 64:
         # 8 warps (32x32 each): 4 warps would hold 64 accumulators per thread, ~190-255 registers,
         # and measured slower at every shape where both ran (docs/perf-notes.md, session 3)
@@ -238,7 +256,7 @@ def pipe_ring_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
 
 
 def pipe_tile(precision: str, bm: int, bn: int, vec: int, gate: bool, stages: int,
-              dyn_smem: int = 0) -> Optional[Tuple[int, int]]:
+              dyn_smem: int = 0, want_bk: int = 32) -> Optional[Tuple[int, int]]:
     """(BK, STAGES) of the cp.async conv for this tile, or None to keep conv_gemm: fp32, scalar
     loads (vec < 8), or no ring of >= min(stages, 3) stages within budget. Budget: the ring <=
     PIPE_RING_LIMIT and ring + scratch + dynamic smem (GroupNorm scale/shift) <= SMEM_LIMIT, so no
@@ -248,7 +266,7 @@ def pipe_tile(precision: str, bm: int, bn: int, vec: int, gate: bool, stages: in
         return None
     budget = min(PIPE_RING_LIMIT, SMEM_LIMIT - PIPE_SCRATCH - dyn_smem)
     fits = [(bk, s) for s in range(stages, min(stages, 3) - 1, -1)
-            for bk in sorted({choose_bk(precision, bm, bn, vec, gate), 32})
+            for bk in sorted({choose_bk(precision, bm, bn, vec, gate), 32, want_bk})
             if pipe_ring_bytes(bm, bn, bk, s) <= budget]
     return max(fits, key=lambda f: ((f[1] - 1) * f[0], -f[1])) if fits else None
 
@@ -345,7 +363,7 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
 
 def with_pipeline(key: ConvKey, ctx: Ctx, dyn_smem: int) -> ConvKey:
     """`key` as the cp.async variant when ctx.conv_stages asks for it and the tile allows it."""
-    pipe = pipe_tile(key.dtype, key.bm, key.bn, key.vec, key.gate, ctx.conv_stages, dyn_smem)
+    pipe = pipe_tile(key.dtype, key.bm, key.bn, key.vec, key.gate, ctx.conv_stages, dyn_smem, key.bk)
     return key if pipe is None else dataclasses.replace(key, bk=pipe[0], stages=pipe[1])
 
 
@@ -448,10 +466,10 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
         raise ConfigError(f"{op.out}: unshuffle2 is supported for a 1x1 conv without norm only")
     if op.residual_conv and op.act != "none":
         raise ConfigError(f"{op.out}: a fused residual_conv needs act 'none' (it joins the GEMM)")
-    tile = choose_tile(ctx.precision, ot.size * ot.size, ot.channels, ctx.tile_batch or ctx.batch,
-                       ctx.sms, gate=False)
     xr = op.residual if op.residual_conv else None
     cr = plan.tensors[xr].channels if xr else 0
+    tile = choose_tile(ctx.precision, ot.size * ot.size, ot.channels, ctx.tile_batch or ctx.batch,
+                       ctx.sms, gate=False, k=kh * kh * xt.channels + cr)
     vec = vec_for(ctx.precision, ctx, (op.x, xr, op.out), (xt.channels, cr, ot.channels))
     if vec == 1 and tile[0] > 64:   # scalar loads: 128 rows would hold 32 loads + 64 indices per thread
         tile = (64,) + tuple(tile[1:])
@@ -460,10 +478,27 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
                   vec, False)
     dyn = 8 * xt.channels if op.norm else 0
     key = (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
+           or builtin_halo(key, op, ctx, ot)
            or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
     if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"], ctx.gn_fold):
         key = dataclasses.replace(key, fold=True)
     return key
+
+
+def builtin_halo(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey]:
+    """The halo conv (kernels/conv_halo.cu) for `key`'s tile where the tuning files picked it: a 3x3
+    conv without a residual, normalized (a block's conv1) or upsampled (up2), of whole 64-channel
+    chunks (with BK 32 it ran up to 1.6x slower), whose grid fills every SM twice (it never won at
+    batch 1 on 132 SMs: latency chains). None elsewhere (docs/perf-notes.md, session 22)."""
+    if not (BUILTIN_HALO and ctx.conv_stages and key.dtype != "fp32" and key.kh == 3 and key.stride == 1
+            and not (op.residual or op.residual_conv) and (op.norm or key.up == 2)):
+        return None
+    geom = conv_geom(op, ctx)
+    if (geom.cin % 64 or (ctx.tile_batch or ctx.batch) * cdiv(ot.size * ot.size, key.bm) * cdiv(ot.channels, key.bn)
+            < 2 * ctx.sms):
+        return None
+    halo = dataclasses.replace(key, bk=64, stages=HALO_STAGES, halo=True)
+    return None if halo_problems(halo, geom) else halo
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -555,8 +590,9 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
     tile = choose_tile(ctx.precision, size * size, g, ctx.tile_batch or ctx.batch, ctx.sms, gate=True)
     vec = vec_for(ctx.precision, ctx, (xname, skip, op.out), (g, r_ch))
     bm, bn, wm, wn = tile
-    key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, True), wm, wn, 1, 1, 1,
-                  vec, True, nsplit=bn < g)
+    bk = 64 if (bn < g and ctx.precision != "fp32" and vec == VEC_MAX[ctx.precision]) else \
+        choose_bk(ctx.precision, bm, bn, vec, True)   # the split gates' tuned BK
+    key = ConvKey(ctx.precision, bm, bn, bk, wm, wn, 1, 1, 1, vec, True, nsplit=bn < g)
     return tuned_key(key, ctx, op.out, g, 0) or (with_pipeline(key, ctx, 0) if ctx.conv_stages else key)
 
 

@@ -25,8 +25,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from ..plan import CONV, GATE, Op
-from .ops import (MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv,
-                  check_key, conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, kernel_kind, pipe_ring_bytes)
+from .ops import (HALO_STAGES, MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv,
+                  check_key, conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, kernel_kind, op_spec,
+                  pipe_ring_bytes)
 
 FORMAT = 1
 ENV = "JETSON_UNET_TILES"
@@ -40,7 +41,6 @@ GATE_ROWS = ((32, 2, 2), (64, 2, 2), (32, 1, 4), (64, 1, 4))
 # with <= 32 accumulators per thread (128x128 with 8 warps spilled on sm_87)
 HALO_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 4, 2),
               (64, 128, 2, 4))
-HALO_STAGES = 3   # weight slots in flight (the halo itself is loaded once per channel chunk)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -109,6 +109,21 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
                     if t not in out:
                         out.append(t)
                     break
+    return out
+
+
+def builtin_tiles(ctx: Ctx) -> Dict[str, TileChoice]:
+    """The built-in heuristic's tile of every tunable op for ctx's batch and SM count, with its split-K
+    factor: what an untuned GPU of ctx.sms SMs runs, as a tile mapping any GPU can run (tests/gpu runs
+    an Orin's on the lent GPU)."""
+    plain = dataclasses.replace(ctx, tiles={})
+    out = {}
+    for op in ctx.plan.ops:
+        if tunable(op, plain):
+            spec = op_spec(op, plain)
+            k, m = spec.key, ctx.plan.tensors[op.out].size ** 2
+            out[op.out] = TileChoice(k.bm, k.bn, k.wm, k.wn, k.bk, k.stages, splits=spec.grid[0] // cdiv(m, k.bm),
+                                     halo=int(k.halo), ks=k.ks)
     return out
 
 

@@ -10,7 +10,10 @@ import pytest
 from conftest import STAGES_ENV, expects_pipelined, pipelined_symbols, report, variant_applies
 from runtime import models_dir
 from runtime.config import UNetConfig
-from runtime.gpu.executor import GpuExecutor
+from runtime.gpu.executor import GpuExecutor, view_layout
+from runtime.gpu.ops import Ctx
+from runtime.gpu.tuning import builtin_tiles
+from runtime.plan import build_plan
 from runtime.reference import Reference
 from runtime.weights import load_weights, random_params
 
@@ -77,6 +80,32 @@ def test_batch_16_matches_reference_on_its_first_samples(backend, case, precisio
     err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
     report(f"unet {kind} {precision} b16 (first 3 samples) conv-s{conv_variant}: rel L2 {err:.2e}; {inits}")
     assert np.isfinite(got).all() and err < UNET_TOL[precision]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sms,batch", [(8, 1), (4, 1), (0, 16)], ids=["orin-8sm-b1", "orin-4sm-b1", "builtin-b16"])
+def test_builtin_tiles_match_reference(backend, case, sms, batch, conv_variant):
+    """The built-in tiles an untuned GPU runs, which the GPU tests above do not reach on a tuned one:
+    those an Orin of 8 or 4 SMs picks at batch 1 (halo convs, split gates and split-K where its
+    grids are deep), and this GPU's own at batch 16 (its first three samples are the reference case's)."""
+    weights, x, t, want, kind = case
+    if not variant_applies(conv_variant, "fp16"):
+        pytest.skip("no 16-bit tiles under this variant")
+    cfg = weights.config
+    if batch > 3:
+        rng = np.random.default_rng(18)
+        x = np.concatenate([x, rng.standard_normal((batch - 3,) + x.shape[1:]).astype(np.float32)])
+        t = np.concatenate([t, (np.arange(batch - 3) * 11) % cfg.timesteps])
+    plan = build_plan(cfg)
+    tiles = builtin_tiles(Ctx(plan, weights.params, "fp16", batch, sms, view_layout(plan))) if sms else {}
+    with GpuExecutor(weights, "fp16", batch=batch, backend=backend, tiles=tiles) as ex:
+        kinds = sorted({L.fn.symbol.split("_")[0] + ("_h" if "_h" in L.fn.symbol else "") for L in ex.launches})
+        got = ex.eps(x[:batch], t[:batch])[:3]
+    n = min(batch, 3)
+    err = float(np.linalg.norm(got - want[:n]) / np.linalg.norm(want[:n]))
+    report(f"unet {kind} fp16 b{batch} built-in tiles of {sms or 'this GPU'} SMs conv-s{conv_variant}: "
+           f"rel L2 {err:.2e}; {kinds}")
+    assert np.isfinite(got).all() and err < UNET_TOL["fp16"]
 
 
 @pytest.mark.gpu
