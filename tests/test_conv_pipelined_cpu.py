@@ -41,6 +41,7 @@ GOLDEN_CASES = ([("default", p, b, 8) for p in ("fp32", "fp16", "bf16") for b in
                 + [("default", "fp16", b, 132) for b in (1, 16)] + [("odd", "fp16", 3, 8)])
 ORIN_SMEM_PER_SM = 100 * 1024   # the budget this work keeps to: two CTAs per SM
 CTA_RESERVED = 1024             # smem the driver reserves per CTA (sm_80+)
+ORIN_SM_SMEM = 164 * 1024       # an sm_87 SM's shared memory, which the halo conv's opt-in may use
 
 
 class W:
@@ -120,7 +121,8 @@ def test_stages_from_env(raw, want):
 def test_default_is_the_cp_async_conv(monkeypatch):
     monkeypatch.delenv(ops.STAGES_ENV, raising=False)
     ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
-    assert {s.key.stages for s in ex.specs if isinstance(s.key, ConvKey)} == {0, ops.DEFAULT_STAGES}
+    # every GEMM: the 256-wide gates too, split over 64-wide CTAs (ops.choose_tile's pipelined rules)
+    assert {s.key.stages for s in ex.specs if isinstance(s.key, ConvKey)} == {ops.DEFAULT_STAGES}
     assert "// ==== conv_pipe.cu" in ex.kernels.source
 
 
@@ -187,9 +189,14 @@ def test_opt_in_launches(stages3, cfg, precision, sms):
         assert bool(key.stages) == want_piped, (spec.op.out, key)
         if key.stages:
             piped += 1
+            kind = "_h3" if key.halo else "_s3"   # the built-in halo conv where the grid is deep (8 SMs)
             assert key.stages == 3 and launch.fn.symbol == key.symbol
-            assert launch.fn.symbol.endswith("_s3_f" if key.fold else "_s3")
+            assert launch.fn.symbol.endswith(kind + "_f" if key.fold else kind)
             assert key.fold == bool(spec.op.norm and key.bn <= 128), (spec.op.out, key)   # fold_norm
+            if key.halo:   # dynamic smem only, past 48 KB by the opt-in, two CTAs per sm_87 SM
+                assert launch.smem <= min(ops.HALO_SMEM_LIMIT, launch.fn.max_dynamic_shared), (spec.op.out, launch.smem)
+                assert 2 * (launch.smem + CTA_RESERVED) <= ORIN_SM_SMEM
+                continue
             static = ops.pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + ops.PIPE_SCRATCH
             assert static + launch.smem <= ops.SMEM_LIMIT, (spec.op.out, static, launch.smem)
             assert 2 * (static + launch.smem + CTA_RESERVED) <= ORIN_SMEM_PER_SM
@@ -199,6 +206,8 @@ def test_opt_in_launches(stages3, cfg, precision, sms):
         for sym in ex.kernels.symbols:
             if sym.endswith(("_s3", "_s3_f")):
                 assert f"CONV_PIPE_INSTANCE({sym}," in src
+            if sym.endswith(("_h3", "_h3_f")):
+                assert f"CONV_HALO_INSTANCE({sym}," in src
     else:
         assert "// ==== conv_pipe.cu" not in src
     if cfg == "default":   # every GEMM conv of the default config has 16-byte vectors
@@ -259,9 +268,13 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
     for s in ex.specs:
         dyn[s.key.symbol] = max(dyn.get(s.key.symbol, 0), s.smem)
     rep = sm87_ptxas(nvcc, keys, tmp_path)
+    assert any(k.halo for k in keys)   # an 8-SM GPU's built-in tiles take the halo conv where it is deep
     for k in keys:
         f = rep[k.symbol]
         assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
+        if k.halo:   # its tiles live in dynamic smem (test_opt_in_launches checks the budget)
+            assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)
+            continue
         ring = ops.pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages)
         assert ring <= f["smem"] <= ring + ops.PIPE_SCRATCH, (k.symbol, f)
         assert f["smem"] + dyn.get(k.symbol, 0) <= ops.SMEM_LIMIT, (k.symbol, f)

@@ -57,7 +57,10 @@ def test_launch_arguments_match_kernel_parameters(cfg, precision, dw_tc, monkeyp
         kinds = kernel_params(MACRO[ops.kernel_kind(spec.op, ex.plan)])
         got = [KIND[type(a)] for a in launch.args]
         assert got == kinds, (spec.op.out, got, kinds)
-        assert launch.smem <= ops.SMEM_LIMIT and all(g >= 1 for g in launch.grid)
+        # dynamic smem past 48 KB only for the halo conv, by its opt-in (the built-in tiles of 8 SMs
+        # take it where the grid is deep)
+        limit = ops.HALO_SMEM_LIMIT if getattr(spec.key, "halo", False) else ops.SMEM_LIMIT
+        assert launch.smem <= min(limit, launch.fn.max_dynamic_shared) and all(g >= 1 for g in launch.grid)
         assert launch.grid[2] in (1, 3)
     src, options, symbols = fb.compiled[0]
     assert set(s.symbol for s in ex.specs) <= set(symbols)

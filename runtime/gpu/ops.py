@@ -39,8 +39,6 @@ FOLD_ENV = "JETSON_UNET_GN_FOLD"                     # 0: GroupNorm as a table p
 FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded GroupNorm accepts (fold_norm)
 DW_TC_ENV = "JETSON_UNET_DW_TC"                      # 0: the FFMA depthwise conv everywhere (dwconv_tc)
 HALO_STAGES = 3                                      # conv_halo.cu's weight slots in flight (built-in and tuned)
-NARROW_SHALLOW = True                                # choose_tile: BN 32 where BN 64 leaves SMs idle
-BUILTIN_HALO = True                                  # builtin_halo: the halo conv where the grid is deep
 DW_TC_TILE = 16                                      # dwconv.cu dwconv_tc: 16 x 16 outputs x 8 CPW channels
 
 
@@ -153,19 +151,22 @@ class TileChoice:
 
 # ---- tile choice ----------------------------------------------------------------------------------
 
-def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool, k: int = 0) -> Tuple[int, int, int, int]:
-    """(BM, BN, WM, WN). Gates take the whole N in one CTA (psi is a dot product over N; a measured
-    tile may split it, kernels/conv.cu conv_finish).
+def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool, k: int = 0,
+                pipelined: bool = False) -> Tuple[int, int, int, int]:
+    """(BM, BN, WM, WN). Gates take the whole N in one CTA (psi is a dot product over N), but for
+    the pipelined rules below and measured tiles, which may split it (kernels/conv.cu conv_finish).
     Convs: BN covers N where it can; BM is the largest that still gives ~2 CTAs per SM
-    (batch-1 calls are launch/latency bound: many small CTAs beat few big ones)."""
+    (batch-1 calls are launch/latency bound: many small CTAs beat few big ones).
+    pipelined: the tile is for the cp.async kernels (16-bit, 16-byte vectors, conv_pipe.cu), where
+    the rules taken from the tuning files apply (k: the GEMM's depth, for the split-K they allow)."""
     tc = precision != "fp32"
     target = 2 * sms
     if gate:
         if n > GATE_MAX_N:
             raise ConfigError(f"the GPU gate kernel supports at most {GATE_MAX_N} gate channels, got {n}")
         bn = next(b for b in (32, 64, 128, 256) if b >= n)
-        if not tc:
-            return 32, bn, 2, 2
+        if not pipelined:
+            return (32, bn, 1, 4) if (tc and bn == 256) else (32, bn, 2, 2)
         # what tools/tune_tiles.py picked on the H100 and the H200 at batch 1 and 16 alike: N > 128
         # split over 64-wide CTAs that meet through a ticket (one 256-wide CTA held 255 registers),
         # 128 as one row of 4 warps; narrower gates take 64 rows where that still fills the GPU twice
@@ -182,7 +183,7 @@ def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool
         choices = (64, 32)                                  # 128x128 would need ~255 registers
     bm = next((b for b in choices if batch * cdiv(m, b) * cdiv(n, bn) >= target), choices[-1])
     ctas = batch * cdiv(m, bm) * cdiv(n, bn)
-    if tc and NARROW_SHALLOW and bn == 64 and ctas * choose_splits(cdiv(k, 64), ctas, sms) < target:
+    if pipelined and bn == 64 and ctas * choose_splits(cdiv(k, 64), ctas, sms) < target:
         # the grid stays short of two CTAs per SM even split over K (k: the GEMM's depth): twice the
         # CTAs, each a shorter chain (every batch-1 conv of a 132-SM GPU; at batch 16 the split
         # 32x64 tile was measured faster: docs/perf-notes.md, session 22)
@@ -361,6 +362,11 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
     return tuned
 
 
+def pipelined(ctx: Ctx, vec: int) -> bool:
+    """Whether a 16-bit GEMM with `vec`-wide loads runs the cp.async kernels (else conv_gemm)."""
+    return bool(ctx.conv_stages) and ctx.precision != "fp32" and vec == VEC_MAX[ctx.precision]
+
+
 def with_pipeline(key: ConvKey, ctx: Ctx, dyn_smem: int) -> ConvKey:
     """`key` as the cp.async variant when ctx.conv_stages asks for it and the tile allows it."""
     pipe = pipe_tile(key.dtype, key.bm, key.bn, key.vec, key.gate, ctx.conv_stages, dyn_smem, key.bk)
@@ -468,9 +474,9 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
         raise ConfigError(f"{op.out}: a fused residual_conv needs act 'none' (it joins the GEMM)")
     xr = op.residual if op.residual_conv else None
     cr = plan.tensors[xr].channels if xr else 0
-    tile = choose_tile(ctx.precision, ot.size * ot.size, ot.channels, ctx.tile_batch or ctx.batch,
-                       ctx.sms, gate=False, k=kh * kh * xt.channels + cr)
     vec = vec_for(ctx.precision, ctx, (op.x, xr, op.out), (xt.channels, cr, ot.channels))
+    tile = choose_tile(ctx.precision, ot.size * ot.size, ot.channels, ctx.tile_batch or ctx.batch,
+                       ctx.sms, gate=False, k=kh * kh * xt.channels + cr, pipelined=pipelined(ctx, vec))
     if vec == 1 and tile[0] > 64:   # scalar loads: 128 rows would hold 32 loads + 64 indices per thread
         tile = (64,) + tuple(tile[1:])
     bm, bn, wm, wn = tile
@@ -490,8 +496,8 @@ def builtin_halo(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey
     conv without a residual, normalized (a block's conv1) or upsampled (up2), of whole 64-channel
     chunks (with BK 32 it ran up to 1.6x slower), whose grid fills every SM twice (it never won at
     batch 1 on 132 SMs: latency chains). None elsewhere (docs/perf-notes.md, session 22)."""
-    if not (BUILTIN_HALO and ctx.conv_stages and key.dtype != "fp32" and key.kh == 3 and key.stride == 1
-            and not (op.residual or op.residual_conv) and (op.norm or key.up == 2)):
+    if not (pipelined(ctx, key.vec) and key.kh == 3 and key.stride == 1 and not (op.residual or op.residual_conv)
+            and (op.norm or key.up == 2)):
         return None
     geom = conv_geom(op, ctx)
     if (geom.cin % 64 or (ctx.tile_batch or ctx.batch) * cdiv(ot.size * ot.size, key.bm) * cdiv(ot.channels, key.bn)
@@ -587,11 +593,11 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
     xname, skip = op.inputs
     g, r_ch, size = (ctx.plan.tensors[xname].channels, ctx.plan.tensors[skip].channels,
                      ctx.plan.tensors[skip].size)
-    tile = choose_tile(ctx.precision, size * size, g, ctx.tile_batch or ctx.batch, ctx.sms, gate=True)
     vec = vec_for(ctx.precision, ctx, (xname, skip, op.out), (g, r_ch))
-    bm, bn, wm, wn = tile
-    bk = 64 if (bn < g and ctx.precision != "fp32" and vec == VEC_MAX[ctx.precision]) else \
-        choose_bk(ctx.precision, bm, bn, vec, True)   # the split gates' tuned BK
+    pipe = pipelined(ctx, vec)
+    bm, bn, wm, wn = choose_tile(ctx.precision, size * size, g, ctx.tile_batch or ctx.batch, ctx.sms, gate=True,
+                                 pipelined=pipe)
+    bk = 64 if (pipe and bn < g) else choose_bk(ctx.precision, bm, bn, vec, True)   # the split gates' tuned BK
     key = ConvKey(ctx.precision, bm, bn, bk, wm, wn, 1, 1, 1, vec, True, nsplit=bn < g)
     return tuned_key(key, ctx, op.out, g, 0) or (with_pipeline(key, ctx, 0) if ctx.conv_stages else key)
 
