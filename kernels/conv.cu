@@ -596,7 +596,7 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
 
     // ---- A (activations) loader: each thread owns AP rows at a fixed k offset kv*VEC ------------
     typedef ARows<BM, BK, VEC, NT> AR;
-    constexpr int KV = AR::KV, RPP = AR::RPP, AP = AR::AP;
+    constexpr int RPP = AR::RPP, AP = AR::AP;
     const AR ar(tid, m0, M, Wout);
     const int kv = ar.kv, r0 = ar.r0;
     const bool a_row_ok = ar.ok;

@@ -178,7 +178,6 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     static_assert(STAGES >= 2, "at least two stages");
     static_assert(KS == 1 || KS == 2 || KS == 4, "k slices");
     constexpr int NT = 32 * WM * WN * KS;
-    constexpr int PAD = ST == 1 ? KH / 2 : 0;
     // the ring: STAGES A tiles, then STAGES B tiles (one array: the k slices' exchange reuses all of it)
     __shared__ __align__(128) S ring[STAGES * (BM + BN) * BK];
     S(*As)[BM * BK] = reinterpret_cast<S(*)[BM * BK]>(ring);
@@ -199,7 +198,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 
     // ---- A copies: the thread -> (rows, k vector) map of conv_gemm's loader ----------------------
     typedef ARows<BM, BK, VEC, NT> AR;
-    constexpr int KV = AR::KV, RPP = AR::RPP, AP = AR::AP;
+    constexpr int RPP = AR::RPP, AP = AR::AP;
     const AR ar(tid, m0, M, Wout);
     const int kv = ar.kv, r0 = ar.r0;
     const bool a_row_ok = ar.ok;
