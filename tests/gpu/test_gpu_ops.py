@@ -143,13 +143,14 @@ def test_depthwise_on_tensor_cores_matches_reference(backend, precision, monkeyp
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("case", [("odd", ODD), ("default", UNetConfig())], ids=["odd", "default"])
 def test_gates_with_split_n_match_reference(backend, precision, case, monkeypatch):
-    """Every gate of 64+ channels with its N split over 2 CTAs (a measured tile may pick that; psi's
-    row partials meet through a ticket, kernels/conv.cu conv_finish), at batch 3, op by op as above."""
+    """Every gate of 64+ channels with its N split over CTAs, twice as many as the built-in tile's
+    (a measured tile may pick that; psi's row partials meet through a ticket, kernels/conv.cu
+    conv_finish), at batch 3, op by op as above."""
     from runtime.gpu import ops
     plain = ops.choose_tile
 
-    def halved(precision, m, n, batch, sms, gate):
-        bm, bn, wm, wn = plain(precision, m, n, batch, sms, gate)
+    def halved(precision, m, n, batch, sms, gate, **kw):
+        bm, bn, wm, wn = plain(precision, m, n, batch, sms, gate, **kw)
         return (bm, bn // 2, 2, 2) if gate and bn >= 64 else (bm, bn, wm, wn)
 
     monkeypatch.setattr(ops, "choose_tile", halved)
