@@ -150,6 +150,21 @@ class _Active:
                 self.pop()   # pycuda.driver.Context.pop: pops this thread's top, which is ours
 
 
+def _release(owner: Any, attr: str, free: Callable[[Any], None] = lambda raw: None) -> None:
+    """Drop owner.<attr>, pycuda's object, with the context current on this thread: pycuda frees an
+    object only where its context is current, and elsewhere (a worker thread between calls) warns
+    "in out-of-thread context could not be cleaned up" and leaks it. For __del__: quiet at exit."""
+    raw = owner.__dict__.pop(attr, None)
+    if raw is None:
+        return
+    try:
+        with owner._active:
+            free(raw)
+            del raw
+    except Exception:   # interpreter shutdown: the context may be gone already
+        pass
+
+
 # ---- device objects ---------------------------------------------------------------------------------------
 class PycudaBuffer(DeviceBuffer):
     def __init__(self, mem: Any, nbytes: int, active: _Active) -> None:
@@ -174,10 +189,16 @@ class PycudaStream:
         with self._active:
             self.raw.synchronize()
 
+    def __del__(self) -> None:
+        _release(self, "raw")
+
 
 class PycudaEvent:
     def __init__(self, raw: Any, active: _Active) -> None:
         self.raw, self._active = raw, active
+
+    def __del__(self) -> None:
+        _release(self, "raw")
 
     def record(self, stream: Any) -> None:
         with self._active:
@@ -194,6 +215,18 @@ class PycudaEvent:
     def elapsed_ms(self, later: "PycudaEvent") -> float:
         with self._active:
             return float(self.raw.time_till(later.raw))
+
+
+class _PinnedHost:
+    """Owner of one page-locked allocation and the base of every array `pinned` hands out over it:
+    the allocation is freed with the context current when its last view dies, in any thread."""
+
+    def __init__(self, arr: np.ndarray, active: _Active) -> None:
+        self._arr, self._active = arr, active
+        self.__array_interface__ = arr.__array_interface__
+
+    def __del__(self) -> None:
+        _release(self, "_arr", lambda arr: arr.base.free())
 
 
 class PycudaFunction:
@@ -327,7 +360,8 @@ class PycudaBackend:
 
     def pinned(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
         with self._active:
-            return self.cuda.pagelocked_empty(tuple(int(s) for s in shape), dtype)
+            arr = self.cuda.pagelocked_empty(tuple(int(s) for s in shape), dtype)
+        return np.asarray(_PinnedHost(arr, self._active))
 
     def h2d(self, dst_ptr: int, host: np.ndarray, stream: Any) -> None:
         """Asynchronous when `host` is pinned; a pageable source makes it synchronous."""
