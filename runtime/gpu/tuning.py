@@ -191,7 +191,7 @@ def file_name(device: str, sms: int, precision: str, batch: int) -> str:
 
 def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> str:
     """What the CLI says when find_tiles found nothing for this GPU: it runs the built-in tiles (on the
-    H200 in session 21 a call was 7% / 5% slower at batch 1 / 16 with them, docs/perf-notes.md)."""
+    H200 in session 22 a call was 2.5% / 1.5% slower at batch 1 / 16 with them, docs/perf-notes.md)."""
     return (f"no measured tiles for {device} ({sms} SMs), {precision}, batch {batch}: built-in tiles; "
             f"`python3 tools/tune_tiles.py --precision {precision} --batch {batch}` measures them once "
             "(a few minutes)")
