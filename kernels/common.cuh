@@ -117,6 +117,21 @@ template <class T> __device__ __forceinline__ void pin(T &v) {
 #endif
 }
 
+// Programmatic dependent launch (sm_90 and later: H100, Jetson Thor; runtime/gpu/launch_ex.py), in
+// modules built with JETSON_UNET_PDL only; elsewhere (sm_72 / sm_87, the default build) it is
+// nothing. It opens every kernel of a U-Net call: wait until the previous kernel of the stream has
+// finished and its writes are visible. Nothing of a kernel runs before it, so reads and writes are
+// ordered exactly as without the launch attribute; what changes is that the kernel's CTAs are placed
+// as the previous kernel's CTAs exit, while its completion is still being processed. No kernel
+// signals `griddepcontrol.launch_dependents` earlier than its exit: at kernel start and at the
+// epilogue that was slower (the next kernel's waiting CTAs took the SMs' slots early:
+// docs/perf-notes.md, session 23).
+#if defined(JETSON_UNET_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_DEPENDENCY() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define GRID_DEPENDENCY() ((void)0)
+#endif
+
 // ---- shared-memory matrix fragments -------------------------------------------------------------
 // Shared memory addressed as 32-bit .shared-window offsets (`saddr`): kernels convert their arrays'
 // generic pointers once and keep per-lane offsets outside their loops (each generic -> shared

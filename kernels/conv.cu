@@ -743,5 +743,6 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
 // generates the list from the plan's distinct shapes (runtime/gpu/kernels.py).
 #define CONV_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE)                      \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN) name(CONV_PARAMS) {           \
+        GRID_DEPENDENCY();                                                                   \
         conv_gemm<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE>(CONV_ARGS);                  \
     }

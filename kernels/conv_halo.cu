@@ -243,5 +243,6 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
 #define CONV_HALO_INSTANCE(name, D, BM, BN, BK, WM, WN, UP, STAGES, FOLD)                         \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, HALO_MIN_CTAS(BM, BN, WM, WN))         \
         name(CONV_PARAMS) {                                                                      \
+        GRID_DEPENDENCY();                                                                       \
         conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES, FOLD>(CONV_ARGS);                      \
     }

@@ -368,5 +368,6 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 #define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD) \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS)) \
         name(CONV_PARAMS) {                                                                      \
+        GRID_DEPENDENCY();                                                                       \
         conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_ARGS); \
     }

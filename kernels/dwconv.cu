@@ -186,6 +186,7 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 #define DW_MIN_CTAS(D, VEC, CP) ((CP) == 1 ? 0 : sizeof(D::S) == 2 && (VEC) == 8 ? 4 : 3)
 #define DW_INSTANCE(name, D, K, VEC, TW, CP)                                                      \
     extern "C" __global__ void __launch_bounds__(256, DW_MIN_CTAS(D, VEC, CP)) name(DW_PARAMS) { \
+        GRID_DEPENDENCY();                                                                        \
         dwconv<D, K, VEC, TW, CP>(DW_ARGS);                                                       \
     }
 
@@ -360,5 +361,6 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
 
 #define DW_TC_INSTANCE(name, D, K, CPW)                                                           \
     extern "C" __global__ void __launch_bounds__(256, (CPW) == 2 ? 4 : 3) name(DW_PARAMS) {         \
+        GRID_DEPENDENCY();                                                                        \
         dwconv_tc<D, K, CPW>(DW_ARGS);                                                            \
     }

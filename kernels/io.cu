@@ -319,8 +319,8 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
 }
 
 #define INIT_INSTANCE(name, D, K, CIN, TW)                                                   \
-    extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K, CIN, TW>(INIT_ARGS); }
+    extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { GRID_DEPENDENCY(); init_conv<D, K, CIN, TW>(INIT_ARGS); }
 #define INIT_TC_INSTANCE(name, D, K, CIN)                                                    \
-    extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { init_conv_tc<D, K, CIN>(INIT_ARGS); }
+    extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { GRID_DEPENDENCY(); init_conv_tc<D, K, CIN>(INIT_ARGS); }
 #define FINAL_INSTANCE(name, D, VEC)                                                         \
-    extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { final_conv<D, VEC>(FINAL_ARGS); }
+    extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { GRID_DEPENDENCY(); final_conv<D, VEC>(FINAL_ARGS); }

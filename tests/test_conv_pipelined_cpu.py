@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
-from fakes import FakeBackend  # noqa: E402
+from fakes import FakeBackend, own_module_cache  # noqa: E402,F401  (the fixture: autouse)
 
 from runtime import kernels_dir  # noqa: E402
 from runtime.config import UNetConfig  # noqa: E402
 from runtime.errors import ConfigError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.gpu.kernels import ConvKey, KernelSet, module_source, nvrtc_options  # noqa: E402
+from runtime.gpu.kernels import ConvKey, module_source, nvrtc_options  # noqa: E402
 from runtime.weights import random_params  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "fixtures" / "conv_launches_default.json"
@@ -67,16 +67,6 @@ def describe(cfg: UNetConfig, precision: str, batch: int, sms: int) -> dict:
 def describe_all() -> dict:
     return {f"{n}-{p}-b{b}-sms{s}": describe(CONFIGS[n], p, b, s) for n, p, b, s in GOLDEN_CASES}
 
-
-@pytest.fixture(autouse=True)
-def _own_module_cache():
-    """KernelSet caches modules per (backend name, source): leave other tests a cache as we found it
-    (test_gpu_cpu_parts reads what its FakeBackend compiled)."""
-    saved = dict(KernelSet._cache)
-    KernelSet._cache.clear()
-    yield
-    KernelSet._cache.clear()
-    KernelSet._cache.update(saved)
 
 
 @pytest.fixture

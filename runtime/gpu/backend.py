@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import BackendUnavailable, KernelCompileError
+from . import launch_ex
 from .compilers import nvrtc_archs, nvrtc_cubin, nvrtc_toolchain
 
 BACKENDS = ("cupy", "pycuda")
@@ -42,6 +43,13 @@ class CupyFunction:
                shared_mem: int = 0, stream: Any = None) -> None:
         self._kern(grid, block, args, shared_mem=shared_mem, stream=stream)
 
+    def launch_pdl(self, grid: Tuple[int, ...], block: Tuple[int, ...], params: Any, shared_mem: int,
+                   stream: Any) -> None:
+        """A launch that may start while the stream's previous kernel runs (runtime.gpu.launch_ex;
+        sm_90+, a module built with JETSON_UNET_PDL). params: a launch_ex.Params of the arguments."""
+        launch_ex.driver().launch(int(self._kern.kernel.ptr), tuple(int(g) for g in grid),
+                                  tuple(int(b) for b in block), params, int(shared_mem), int(stream.ptr), self.symbol)
+
 
 class CupyModule:
     """RawModule(code=...) (NVRTC inside CuPy, compiled lazily) or RawModule(path=...) (a cubin,
@@ -69,6 +77,7 @@ class CupyModule:
 
 class CupyBackend:
     name = "cupy"
+    pdl = True   # CupyFunction.launch_pdl (sm_90+)
 
     def __init__(self, device: int = 0) -> None:
         try:

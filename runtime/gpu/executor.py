@@ -24,6 +24,7 @@ from ..errors import UsageError
 from ..plan import CAT, Plan, build_plan
 from ..reference import Reference
 from . import memory
+from . import launch_ex
 from .backend import get_backend
 from .kernels import KernelSet, notice
 from .ops import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec,
@@ -92,6 +93,16 @@ class Launch:
     t_pos: Optional[int]
     step_pos: Optional[int] = None   # where the sampler step's arguments go (final_conv, init_conv)
     step_mark: Any = None            # _STEP_MARK or _ADV_MARK: which of them
+    packed: Dict[Tuple[Any, ...], Any] = dataclasses.field(default_factory=dict)   # args -> launch_ex.Params
+
+    def params(self, args: Tuple[Any, ...]) -> Any:
+        """The arguments packed for a PDL launch, kept for the few argument tuples a launch sees."""
+        p = self.packed.get(args)
+        if p is None:
+            if len(self.packed) >= 4:
+                self.packed.clear()
+            p = self.packed[args] = launch_ex.Params(args)
+        return p
 
     def args_for(self, t_ptr: int, step: Optional[Dict[Any, Tuple[Any, ...]]] = None) -> Tuple[Any, ...]:
         """The arguments with the timesteps at t_ptr and, where this kernel takes them, the sampler
@@ -142,9 +153,12 @@ class GpuExecutor:
     def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Any = None,
                  early_start: bool = True, tiles: Optional[Mapping[str, TileChoice]] = None,
                  extra_keys: Sequence[Any] = (),
-                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None) -> None:
+                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None,
+                 pdl: Optional[bool] = None) -> None:
         """fits: checks this executor's memory estimate instead of the executor's own check (a
-        GpuSampler adds its tables to it); either runs before any compile, pinning or upload."""
+        GpuSampler adds its tables to it); either runs before any compile, pinning or upload.
+        pdl: programmatic dependent launch (runtime.gpu.launch_ex) where the GPU (sm_90+) and the
+        backend (CuPy) allow it; None: $JETSON_UNET_PDL (default off). `self.pdl` says if it is on."""
         if precision not in PRECISIONS:
             raise UsageError(f"GPU precision must be one of {PRECISIONS}, got {precision!r}")
         if batch < 1:
@@ -173,7 +187,10 @@ class GpuExecutor:
                                                       (self.stats_parts, self._stats_life))
         (fits or self._check_memory)(self.memory_estimate())
         keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs} | set(extra_keys)
-        self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
+        want = launch_ex.pdl_from_env() if pdl is None else bool(pdl)
+        self.pdl = (want and getattr(self.backend, "pdl", False)
+                    and int(self.backend.arch()) >= launch_ex.MIN_ARCH)
+        self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol), pdl=self.pdl)
         big: Dict[str, int] = {}   # the halo conv's dynamic smem goes past the 48 KB that need no opt-in
         for s in self.specs:
             if s.smem > SMEM_LIMIT:
@@ -324,7 +341,10 @@ class GpuExecutor:
             if pending:                       # early start: wait for this op's weights only
                 self.backend.wait(stream, pending[i])
             args = L.args if same and (sargs is None or L.step_pos is None) else L.args_for(tp, sargs)
-            L.fn.launch(L.grid, L.block, args, L.smem, stream)
+            if self.pdl and i and not pending:   # the first kernel follows a copy or another graph
+                L.fn.launch_pdl(L.grid, L.block, L.params(args), L.smem, stream)
+            else:
+                L.fn.launch(L.grid, L.block, args, L.smem, stream)
 
     def launch_op(self, name: str, stream: Any = None) -> None:
         """Run the one kernel that computes tensor `name` (per-op tests and debugging)."""

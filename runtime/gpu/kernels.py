@@ -122,9 +122,11 @@ def read_sources(folder: Optional[Path] = None, names: Sequence[str] = SOURCES) 
     return "\n".join(parts)
 
 
-def module_source(keys: Iterable[Any], folder: Optional[Path] = None) -> str:
+def module_source(keys: Iterable[Any], folder: Optional[Path] = None, pdl: bool = False) -> str:
     """All kernel sources, then one instantiation line per key (sorted: a stable cache key).
-    conv_pipe.cu (and conv_halo.cu, which builds on it) join only a module that instantiates them."""
+    conv_pipe.cu (and conv_halo.cu, which builds on it) join only a module that instantiates them.
+    pdl: define JETSON_UNET_PDL first, so every kernel opens with GRID_DEPENDENCY (kernels/common.cuh,
+    sm_90+; runtime.gpu.launch_ex); without it the module is exactly what it was before PDL."""
     keys = list(keys)
     names = SOURCES
     if any(getattr(k, "stages", 0) for k in keys):
@@ -132,7 +134,8 @@ def module_source(keys: Iterable[Any], folder: Optional[Path] = None) -> str:
         extra = (PIPE_SOURCE, HALO_SOURCE) if any(getattr(k, "halo", False) for k in keys) else (PIPE_SOURCE,)
         names = SOURCES[:at] + extra + SOURCES[at:]
     lines = sorted({k.instance() for k in keys})
-    return read_sources(folder, names) + "\n// ==== instantiations (generated) ====\n" + "\n".join(lines) + "\n"
+    head = "#define JETSON_UNET_PDL 1\n" if pdl else ""
+    return head + read_sources(folder, names) + "\n// ==== instantiations (generated) ====\n" + "\n".join(lines) + "\n"
 
 
 def toolkit_include() -> Optional[str]:
@@ -213,12 +216,12 @@ class KernelSet:
     _cache: Dict[Tuple[str, str, Tuple[str, ...]], Any] = {}
 
     def __init__(self, backend: Any, keys: Sequence[Any], name: str = "seed-unet",
-                 cache: Optional[CubinCache] = None) -> None:
+                 cache: Optional[CubinCache] = None, pdl: bool = False) -> None:
         arch = int(backend.arch())
         if any(getattr(k, "dtype", "fp32") != "fp32" for k in keys) and arch < MIN_TC_ARCH:
             raise KernelCompileError(name, (), f"fp16/bf16 kernels need sm_80 or newer; this GPU is sm_{arch}")
         self.options = nvrtc_options(arch)
-        self.source = module_source(keys)
+        self.source = module_source(keys, pdl=pdl)
         self.symbols: List[str] = sorted({k.symbol for k in keys})
         ck = (getattr(backend, "name", type(backend).__name__), self.source, self.options)   # per backend
         mod = KernelSet._cache.get(ck)

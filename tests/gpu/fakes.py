@@ -4,6 +4,22 @@ from __future__ import annotations
 from typing import Any, List, Sequence, Tuple
 
 import numpy as np
+import pytest
+
+from runtime.gpu.kernels import KernelSet
+
+
+@pytest.fixture(autouse=True)
+def own_module_cache():
+    """KernelSet caches modules per (backend name, source), so a fake module (bound to the backend
+    that compiled it) would log a later test's launches to an earlier backend. Imported into a test
+    module, this gives each of its tests an empty cache and leaves other tests the cache as it was
+    (test_gpu_cpu_parts reads what its FakeBackend compiled)."""
+    saved = dict(KernelSet._cache)
+    KernelSet._cache.clear()
+    yield
+    KernelSet._cache.clear()
+    KernelSet._cache.update(saved)
 
 
 class FakeBuffer:
@@ -23,7 +39,7 @@ class FakeFunction:
         self.max_dynamic_shared = max(self.max_dynamic_shared, int(nbytes))
 
     def launch(self, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple[Any, ...],
-               shared_mem: int = 0, stream: Any = None) -> None:
+               shared_mem: int = 0, stream: Any = None, kind: str = "plain") -> None:
         if shared_mem > self.max_dynamic_shared:   # as the driver: no launch past the opt-in
             raise RuntimeError(f"{self.symbol}: {shared_mem} B of dynamic smem > {self.max_dynamic_shared}")
         entry = (self.symbol, grid, block, args, shared_mem)
@@ -33,7 +49,12 @@ class FakeFunction:
             return
         self.log.append(entry)
         if be is not None:
-            be.launch_streams.append((stream, "plain"))
+            be.launch_streams.append((stream, kind))
+
+    def launch_pdl(self, grid: Tuple[int, ...], block: Tuple[int, ...], params: Any, shared_mem: int,
+                   stream: Any) -> None:
+        """As CupyFunction.launch_pdl: logged as a launch of the packed arguments, kind "pdl"."""
+        self.launch(grid, block, params.args, shared_mem, stream, kind="pdl")
 
 
 class FakeGraph:
@@ -72,6 +93,7 @@ class FakeEvent:
 
 class FakeBackend:
     name = "fake"
+    pdl = False   # no launch_pdl use unless a test says so (runtime.gpu.launch_ex)
 
     def __init__(self, free: int = 8 << 30, arch: int = 87, sms: int = 8, integrated: bool = False) -> None:
         self.free, self._arch, self._sms, self._integrated = free, arch, sms, integrated
