@@ -187,7 +187,6 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
-    const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);   // first: its latency overlaps the set-up
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;   // split-K as in conv_gemm
     const int sk = div_small(blockIdx.x, mtiles), mt = blockIdx.x - sk * mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
@@ -228,10 +227,11 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     pin(b_dst);
     constexpr u32 ROWS_STEP = RPP * BK * sizeof(S);
 
-    // Issue k-tile kt (= the next in order) into stage st. mask: rows whose vector is real segment-0
-    // data (to normalize); chan: its channel, -1 in segment 1 (residual_conv columns are not normalized).
+    // Issue k-tile kt's A copies (= the next in order) into stage st; issue_b its weights. mask: rows
+    // whose vector is real segment-0 data (to normalize); chan: its channel, -1 in segment 1
+    // (residual_conv columns are not normalized).
     auto issue = [&](int kt, int st, u32 &mask, int &chan) {
-        const saddr A = a_dst + st * A_STAGE, B = b_dst + st * B_STAGE;
+        const saddr A = a_dst + st * A_STAGE;
         mask = 0;
         chan = -1;
         if (kt < nk0) {
@@ -262,8 +262,8 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
                 if (a_row_ok) cp_async16(A + i * ROWS_STEP, src, ok);
             }
         }
-        bc.issue(B, kt * BK);
     };
+    auto issue_b = [&](int kt, int st) { bc.issue(b_dst + st * B_STAGE, kt * BK); };
 
     // After the wait: the thread normalizes the vectors it copied (its own cp.async writes are
     // visible to it after wait_group; the barrier that follows publishes them). Folded: it writes
@@ -310,6 +310,16 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // ---- pipeline. Tile i lives in stage i % STAGES; qmask/qchan hold the masks of the STAGES-1
     // tiles in flight, oldest first (a shift register: constant indices, stays in registers).
     // One commit per slot even when nothing was issued, so wait_group counts stay uniform.
+    // The first tiles' weights and the epilogue's bias come before the grid dependency (nothing in a
+    // call writes them; kernels/common.cuh GRID_DEPENDENCY): under PDL their latency overlaps the
+    // previous kernel's completion. They join commit group 0: tile 0's wait covers them all.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+        if (s < ntiles) issue_b(kb + s, s);
+    EpiloguePrefetch<BN, NT, (GATE != 0), true> pre;
+    pre.load(bias, psi_w, n0);
+    GRID_DEPENDENCY();
+    const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);   // its latency overlaps the A copies
     u32 qmask[STAGES - 1];
     int qchan[STAGES - 1];
 #pragma unroll
@@ -319,9 +329,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
         cp_async_commit();
     }
-    // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
-    EpiloguePrefetch<BN, NT, (GATE != 0), true> pre;
-    pre.load(bias, psi_w, n0);
+    // the GroupNorm merge overlaps the first copies (independent of them)
     if (norm) conv_gn_prologue<D, NT, 4, BN, FOLD>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, gn_fold, fcol, Cin, b, n0);
 
     int st = 0;
@@ -337,7 +345,10 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         qmask[STAGES - 2] = 0;
         qchan[STAGES - 2] = -1;
         const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
-        if (i + STAGES - 1 < ntiles) issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
+        if (i + STAGES - 1 < ntiles) {
+            issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
+            issue_b(kb + i + STAGES - 1, wst);
+        }
         cp_async_commit();
         mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
         if constexpr (FOLD)
@@ -368,6 +379,5 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 #define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD) \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS)) \
         name(CONV_PARAMS) {                                                                      \
-        GRID_DEPENDENCY();                                                                       \
         conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_ARGS); \
     }
