@@ -187,6 +187,11 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
+#ifdef JETSON_UNET_PDL    // the partials are the previous kernel's output: loaded after the dependency
+    GnPrefetch gp(nullptr, 0);
+#else                     // first: its latency overlaps the set-up (later, ptxas spilled on sm_87)
+    const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);
+#endif
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;   // split-K as in conv_gemm
     const int sk = div_small(blockIdx.x, mtiles), mt = blockIdx.x - sk * mtiles;
     const int m0 = mt * BM, n0 = blockIdx.y * BN;
@@ -310,26 +315,32 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // ---- pipeline. Tile i lives in stage i % STAGES; qmask/qchan hold the masks of the STAGES-1
     // tiles in flight, oldest first (a shift register: constant indices, stays in registers).
     // One commit per slot even when nothing was issued, so wait_group counts stay uniform.
-    // The first tiles' weights and the epilogue's bias come before the grid dependency (nothing in a
-    // call writes them; kernels/common.cuh GRID_DEPENDENCY): under PDL their latency overlaps the
-    // previous kernel's completion. They join commit group 0: tile 0's wait covers them all.
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s)
-        if (s < ntiles) issue_b(kb + s, s);
-    EpiloguePrefetch<BN, NT, (GATE != 0), true> pre;
-    pre.load(bias, psi_w, n0);
-    GRID_DEPENDENCY();
-    const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);   // its latency overlaps the A copies
+    // Each tile's weights are issued before its A copies, tile 0's before the grid dependency too
+    // (nothing in a call writes them; kernels/common.cuh GRID_DEPENDENCY), so under PDL their latency
+    // overlaps the previous kernel's completion. H200, a call: 0.391 -> 0.388 ms at batch 1 without
+    // PDL, 0.375 -> 0.372 with (docs/perf-notes.md, session 23). All tiles' weights first was as fast
+    // but spilled on sm_87 (the gates at the 128-register cap), as did tile 0's weights issued
+    // outside the loop. Everything a call writes (the GroupNorm partials, x, the split-K tickets) is
+    // read after the dependency only.
     u32 qmask[STAGES - 1];
     int qchan[STAGES - 1];
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         qmask[s] = 0;
         qchan[s] = -1;
+        if (s < ntiles) issue_b(kb + s, s);
+        if (s == 0) {
+            GRID_DEPENDENCY();
+#ifdef JETSON_UNET_PDL
+            gp = GnPrefetch(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);
+#endif
+        }
         if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
         cp_async_commit();
     }
-    // the GroupNorm merge overlaps the first copies (independent of them)
+    // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
+    EpiloguePrefetch<BN, NT, (GATE != 0), true> pre;
+    pre.load(bias, psi_w, n0);
     if (norm) conv_gn_prologue<D, NT, 4, BN, FOLD>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, gn_fold, fcol, Cin, b, n0);
 
     int st = 0;
