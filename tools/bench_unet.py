@@ -86,10 +86,13 @@ def conv_stages(stages: int):
 
 
 def bench_ours(weights, precision: str, batch: int, args, backend, stages: int = DEFAULT_STAGES,
-               tiles: str = "auto") -> dict:
+               tiles: str = "auto", pdl: str = "off") -> dict:
     t0 = time.perf_counter()
     with conv_stages(stages):
-        ex = GpuExecutor(weights, precision, batch=batch, backend=backend, tiles=None if tiles == "auto" else {})
+        ex = GpuExecutor(weights, precision, batch=batch, backend=backend, tiles=None if tiles == "auto" else {},
+                         pdl=pdl == "on")
+    if pdl == "on" and not ex.pdl:
+        raise SystemExit("--pdl on: programmatic dependent launch needs sm_90+ and the CuPy backend")
     build_s = time.perf_counter() - t0
     cfg = ex.config
     rng = np.random.default_rng(0)
@@ -103,7 +106,7 @@ def bench_ours(weights, precision: str, batch: int, args, backend, stages: int =
     replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats, SETTLE_S)
     rep = ex.arena_report()
     label = (f"ours {precision}" + (f" conv-s{stages}" if getattr(args, "variants", [stages]) != [DEFAULT_STAGES] else "")
-             + (" tuned" if ex.tiles_from else ""))
+             + (" tuned" if ex.tiles_from else "") + (" pdl" if ex.pdl else ""))
     ops_t = []
     if args.per_op:
         ops_t = per_op_times(ex, backend)
@@ -160,9 +163,9 @@ def per_op_times(ex, backend, reps: int = 20, windows: int = 3, only=None) -> li
     return out
 
 
-def ours_row(precision: str, batch: int, args, stages: int, tiles: str) -> dict:
+def ours_row(precision: str, batch: int, args, stages: int, tiles: str, pdl: str = "off") -> dict:
     """bench_ours in a process of its own (in_fresh_process)."""
-    return bench_ours(bench_weights()[0], precision, batch, args, get_backend("cupy"), stages, tiles)
+    return bench_ours(bench_weights()[0], precision, batch, args, get_backend("cupy"), stages, tiles, pdl)
 
 
 # name -> (torch.compile mode or None for eager, layout: tools/peers.py LAYOUTS)
@@ -201,6 +204,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", nargs="+", default=["auto"], choices=("auto", "builtin"),
                     help="auto: measured tiles where a tuning file exists for this GPU and batch (tools/tune_tiles.py; "
                          "rows marked 'tuned'), builtin: the heuristic's; both: side by side (default: auto)")
+    ap.add_argument("--pdl", nargs="+", default=["off"], choices=("off", "on"),
+                    help="on: programmatic dependent launch (sm_90+, runtime/gpu/launch_ex.py; rows marked 'pdl'), "
+                         "off: plain launches, the default path; both: side by side (default: off)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     rows = []
@@ -218,7 +224,8 @@ def main(argv=None) -> int:
         for p in args.precisions.split(","):
             for v in args.variants:
                 for t in args.tiles:
-                    show([in_fresh_process(ours_row, p, b, args, v, t)])
+                    for pdl in args.pdl:
+                        show([in_fresh_process(ours_row, p, b, args, v, t, pdl)])
         for name in () if args.no_torch else TORCH_PEERS:
             try:
                 show([in_fresh_process(bench_torch, b, args, name)])
