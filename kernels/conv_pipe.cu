@@ -318,17 +318,17 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // Each tile's weights are issued before its A copies, tile 0's before the grid dependency too
     // (nothing in a call writes them; kernels/common.cuh GRID_DEPENDENCY), so under PDL their latency
     // overlaps the previous kernel's completion. H200, a call: 0.391 -> 0.388 ms at batch 1 without
-    // PDL, 0.375 -> 0.372 with (docs/perf-notes.md, session 23). All tiles' weights first was as fast
-    // but spilled on sm_87 (the gates at the 128-register cap), as did tile 0's weights issued
-    // outside the loop. Everything a call writes (the GroupNorm partials, x, the split-K tickets) is
-    // read after the dependency only.
+    // PDL, 0.375 -> 0.372 with (docs/perf-notes.md, session 23). Not in the gates: at the 128-register
+    // cap sm_87 ptxas spilled for it in some of their tiles (as for all tiles' weights first, and for
+    // tile 0's weights issued outside the loop). Everything a call writes (the GroupNorm partials, x,
+    // the split-K tickets) is read after the dependency only.
     u32 qmask[STAGES - 1];
     int qchan[STAGES - 1];
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         qmask[s] = 0;
         qchan[s] = -1;
-        if (s < ntiles) issue_b(kb + s, s);
+        if (!GATE && s < ntiles) issue_b(kb + s, s);
         if (s == 0) {
             GRID_DEPENDENCY();
 #ifdef JETSON_UNET_PDL
@@ -336,6 +336,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 #endif
         }
         if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
+        if (GATE && s < ntiles) issue_b(kb + s, s);
         cp_async_commit();
     }
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)

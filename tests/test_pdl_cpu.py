@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from fakes import FakeBackend, own_module_cache  # noqa: E402,F401  (the fixture: autouse)
 
 from runtime.config import UNetConfig  # noqa: E402
-from runtime.errors import ConfigError  # noqa: E402
+from runtime.errors import BackendUnavailable, ConfigError, LaunchError  # noqa: E402
 from runtime.gpu import launch_ex  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
 from runtime.gpu.kernels import module_source, nvrtc_options  # noqa: E402
@@ -132,3 +132,34 @@ def test_griddepcontrol_only_in_sm90_pdl_builds(weights, tmp_path, arch, want):
     assert kernels == len({s.key.symbol for s in ex.specs})
     assert ptx.count("griddepcontrol.wait") == want * kernels
     assert "griddepcontrol.launch_dependents" not in ptx   # the next kernel launches as this one exits
+
+
+def test_driver_names_a_refused_launch():
+    """A launch the driver refuses raises LaunchError naming the kernel, its shape and the CUresult."""
+    drv = object.__new__(launch_ex.Driver)
+    seen = {}
+
+    def launch_ex_fn(cfg, func, params, extra):
+        c = cfg._obj
+        seen.update(grid=tuple(c.grid), block=tuple(c.block), smem=c.smem, attr=(c.attrs[0].id, c.attrs[0].value[0]))
+        return 700
+
+    def name_fn(rc, out):
+        out._obj.value = b"CUDA_ERROR_ILLEGAL_ADDRESS"
+        return 0
+
+    drv._fn, drv._name = launch_ex_fn, name_fn
+    drv._attr = launch_ex._Attr(id=launch_ex._ATTR_PROGRAMMATIC)
+    drv._attr.value[0] = 1
+    with pytest.raises(LaunchError, match=r"launching conv_x \(grid \(3, 2, 1\), block \(128, 1, 1\), 512 B.*"
+                                          r"CUDA_ERROR_ILLEGAL_ADDRESS \(700\)"):
+        drv.launch(1234, (3, 2, 1), (128, 1, 1), launch_ex.Params((np.uint64(1),)), 512, 0, "conv_x")
+    assert seen == {"grid": (3, 2, 1), "block": (128, 1, 1), "smem": 512, "attr": (6, 1)}
+
+
+def test_no_driver_is_one_clear_line(monkeypatch):
+    def no_lib(name):
+        raise OSError(f"{name}: cannot open shared object file")
+    monkeypatch.setattr(launch_ex.ctypes, "CDLL", no_lib)
+    with pytest.raises(BackendUnavailable, match="cuLaunchKernelEx: libcuda.so.1: cannot open"):
+        launch_ex.Driver()

@@ -190,6 +190,8 @@ class GpuExecutor:
         want = launch_ex.pdl_from_env() if pdl is None else bool(pdl)
         self.pdl = (want and getattr(self.backend, "pdl", False)
                     and int(self.backend.arch()) >= launch_ex.MIN_ARCH)
+        if self.pdl and self.backend.name == "cupy":
+            launch_ex.driver()   # a driver without cuLaunchKernelEx says so now, not at the first launch
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol), pdl=self.pdl)
         big: Dict[str, int] = {}   # the halo conv's dynamic smem goes past the 48 KB that need no opt-in
         for s in self.specs:

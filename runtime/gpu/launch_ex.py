@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import BackendUnavailable, ConfigError
+from ..errors import BackendUnavailable, ConfigError, LaunchError
 
 MIN_ARCH = 90                    # griddepcontrol needs sm_90
 _ATTR_PROGRAMMATIC = 6           # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
@@ -68,6 +68,9 @@ class Driver:
             raise BackendUnavailable(f"programmatic dependent launch needs libcuda's cuLaunchKernelEx: {e}") from None
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._name = lib.cuGetErrorName
+        self._name.restype = ctypes.c_int
+        self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         self._attr = _Attr(id=_ATTR_PROGRAMMATIC)
         self._attr.value[0] = 1
 
@@ -77,8 +80,10 @@ class Driver:
                       ctypes.pointer(self._attr), 1)
         rc = self._fn(ctypes.byref(cfg), ctypes.c_void_p(func), params.ptrs, None)
         if rc != 0:
-            raise RuntimeError(f"cuLaunchKernelEx({symbol}, grid {grid}, block {block}, smem {smem}) failed: "
-                               f"CUresult {rc}")
+            name = ctypes.c_char_p()
+            known = self._name(rc, ctypes.byref(name)) == 0 and name.value
+            raise LaunchError(f"launching {symbol} (grid {grid}, block {block}, {smem} B dynamic smem) failed: "
+                              f"{name.value.decode() if known else 'CUresult'} ({rc})")
 
 
 _DRIVER: Dict[str, Driver] = {}
