@@ -86,11 +86,11 @@ def conv_stages(stages: int):
 
 
 def bench_ours(weights, precision: str, batch: int, args, backend, stages: int = DEFAULT_STAGES,
-               tiles: str = "auto", pdl: str = "off") -> dict:
+               tiles: str = "auto", pdl: str = "env") -> dict:
     t0 = time.perf_counter()
     with conv_stages(stages):
         ex = GpuExecutor(weights, precision, batch=batch, backend=backend, tiles=None if tiles == "auto" else {},
-                         pdl=pdl == "on")
+                         pdl=None if pdl == "env" else pdl == "on")
     if pdl == "on" and not ex.pdl:
         raise SystemExit("--pdl on: programmatic dependent launch needs sm_90+ and the CuPy backend")
     build_s = time.perf_counter() - t0
@@ -163,7 +163,7 @@ def per_op_times(ex, backend, reps: int = 20, windows: int = 3, only=None) -> li
     return out
 
 
-def ours_row(precision: str, batch: int, args, stages: int, tiles: str, pdl: str = "off") -> dict:
+def ours_row(precision: str, batch: int, args, stages: int, tiles: str, pdl: str = "env") -> dict:
     """bench_ours in a process of its own (in_fresh_process)."""
     return bench_ours(bench_weights()[0], precision, batch, args, get_backend("cupy"), stages, tiles, pdl)
 
@@ -204,9 +204,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", nargs="+", default=["auto"], choices=("auto", "builtin"),
                     help="auto: measured tiles where a tuning file exists for this GPU and batch (tools/tune_tiles.py; "
                          "rows marked 'tuned'), builtin: the heuristic's; both: side by side (default: auto)")
-    ap.add_argument("--pdl", nargs="+", default=["off"], choices=("off", "on"),
+    ap.add_argument("--pdl", nargs="+", default=["env"], choices=("off", "on", "env"),
                     help="on: programmatic dependent launch (sm_90+, runtime/gpu/launch_ex.py; rows marked 'pdl'), "
-                         "off: plain launches, the default path; both: side by side (default: off)")
+                         "off: plain launches, the default path, env: as $JETSON_UNET_PDL; several: side by side "
+                         "(default: env)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     rows = []
