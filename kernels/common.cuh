@@ -121,13 +121,12 @@ template <class T> __device__ __forceinline__ void pin(T &v) {
 // modules built with JETSON_UNET_PDL only; elsewhere (sm_72 / sm_87, the default build) it is
 // nothing. Every kernel of a U-Net call waits on it until the previous kernel of the stream has
 // finished and its writes are visible, before it reads or writes anything that a call writes: it
-// opens every kernel but the cp.async conv, which first issues its first weight tile (read-only).
-// So reads and writes are ordered exactly as without the launch attribute; what changes is that the
-// kernel's CTAs are placed as the previous kernel's CTAs exit, while its completion is still being
-// processed (the weight tiles' latency overlaps that). No kernel
-// signals `griddepcontrol.launch_dependents` earlier than its exit: at kernel start and at the
-// epilogue that was slower (the next kernel's waiting CTAs took the SMs' slots early:
-// docs/perf-notes.md, session 23).
+// opens every kernel but the cp.async conv, whose convs (not gates) first issue their first weight
+// tile (read-only). So reads and writes are ordered exactly as without the launch attribute; what
+// changes is that the kernel's CTAs are placed as the previous kernel's CTAs exit, while its
+// completion is still being processed (the weight tile's latency overlaps that). No kernel signals
+// `griddepcontrol.launch_dependents` earlier than its exit: at kernel start and at the epilogue that
+// was slower (the next kernel's waiting CTAs took the SMs' slots early: docs/perf-notes.md, session 23).
 #if defined(JETSON_UNET_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GRID_DEPENDENCY() asm volatile("griddepcontrol.wait;" ::: "memory")
 #else

@@ -317,11 +317,11 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // One commit per slot even when nothing was issued, so wait_group counts stay uniform.
     // Each tile's weights are issued before its A copies, tile 0's before the grid dependency too
     // (nothing in a call writes them; kernels/common.cuh GRID_DEPENDENCY), so under PDL their latency
-    // overlaps the previous kernel's completion. H200, a call: 0.391 -> 0.388 ms at batch 1 without
-    // PDL, 0.375 -> 0.372 with (docs/perf-notes.md, session 23). Not in the gates: at the 128-register
-    // cap sm_87 ptxas spilled for it in some of their tiles (as for all tiles' weights first, and for
-    // tile 0's weights issued outside the loop). Everything a call writes (the GroupNorm partials, x,
-    // the split-K tickets) is read after the dependency only.
+    // overlaps the previous kernel's completion. H200: a batch-1 call 0.391 -> 0.388 ms without PDL
+    // (docs/perf-notes.md, session 23). Not in the gates: at the 128-register cap sm_87 ptxas spilled
+    // for it in some of their tiles (as for all tiles' weights first, and for tile 0's weights issued
+    // outside the loop). Everything a call writes (the GroupNorm partials, x, the split-K tickets) is
+    // read after the dependency only.
     u32 qmask[STAGES - 1];
     int qchan[STAGES - 1];
 #pragma unroll

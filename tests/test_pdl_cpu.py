@@ -18,6 +18,7 @@ from fakes import FakeBackend, own_module_cache  # noqa: E402,F401  (the fixture
 from runtime.config import UNetConfig  # noqa: E402
 from runtime.errors import BackendUnavailable, ConfigError, LaunchError  # noqa: E402
 from runtime.gpu import launch_ex  # noqa: E402
+from runtime.gpu.backend import CupyBackend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
 from runtime.gpu.kernels import module_source, nvrtc_options  # noqa: E402
 from runtime.weights import random_params  # noqa: E402
@@ -29,7 +30,14 @@ class W:
 
 
 class PdlBackend(FakeBackend):
-    pdl = True
+    def supports_pdl(self) -> bool:   # as CupyBackend.supports_pdl, with a driver that has it
+        return CupyBackend.supports_pdl(self)
+
+
+@pytest.fixture(autouse=True)
+def a_driver(monkeypatch):
+    """A loaded launch_ex.Driver stands in for libcuda (none here); PdlBackend never launches through it."""
+    monkeypatch.setitem(launch_ex._DRIVER, "cuda", object())
 
 
 @pytest.fixture(scope="module")
@@ -157,9 +165,13 @@ def test_driver_names_a_refused_launch():
     assert seen == {"grid": (3, 2, 1), "block": (128, 1, 1), "smem": 512, "attr": (6, 1)}
 
 
-def test_no_driver_is_one_clear_line(monkeypatch):
+def test_no_driver_is_one_clear_line_before_any_work(monkeypatch, weights):
     def no_lib(name):
         raise OSError(f"{name}: cannot open shared object file")
     monkeypatch.setattr(launch_ex.ctypes, "CDLL", no_lib)
+    monkeypatch.delitem(launch_ex._DRIVER, "cuda")
+    be = PdlBackend(arch=90)
     with pytest.raises(BackendUnavailable, match="cuLaunchKernelEx: libcuda.so.1: cannot open"):
-        launch_ex.Driver()
+        GpuExecutor(weights, "fp16", batch=1, backend=be, pdl=True)
+    assert be.compiled == [] and be.copies == []   # nothing compiled or uploaded
+    assert GpuExecutor(weights, "fp16", batch=1, backend=be, pdl=False).pdl is False

@@ -77,7 +77,6 @@ class CupyModule:
 
 class CupyBackend:
     name = "cupy"
-    pdl = True   # CupyFunction.launch_pdl (sm_90+)
 
     def __init__(self, device: int = 0) -> None:
         try:
@@ -110,6 +109,14 @@ class CupyBackend:
     def mem_info(self) -> Tuple[int, int]:
         free, total = self.rt.memGetInfo()
         return int(free), int(total)
+
+    def supports_pdl(self) -> bool:
+        """Whether CupyFunction.launch_pdl can run here: sm_90+ (runtime.gpu.launch_ex). Loads the
+        driver's cuLaunchKernelEx now, so a driver without it is one clear line before any work."""
+        if self.arch() < launch_ex.MIN_ARCH:
+            return False
+        launch_ex.driver()
+        return True
 
     def integrated(self) -> bool:
         """True on a GPU that shares the CPU's DRAM (every Jetson): pinned host memory then counts

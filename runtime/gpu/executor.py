@@ -23,8 +23,7 @@ from ..arena import ArenaPlan, activation_elem_bytes, cat_parents
 from ..errors import UsageError
 from ..plan import CAT, Plan, build_plan
 from ..reference import Reference
-from . import memory
-from . import launch_ex
+from . import launch_ex, memory
 from .backend import get_backend
 from .kernels import KernelSet, notice
 from .ops import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec,
@@ -188,10 +187,7 @@ class GpuExecutor:
         (fits or self._check_memory)(self.memory_estimate())
         keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs} | set(extra_keys)
         want = launch_ex.pdl_from_env() if pdl is None else bool(pdl)
-        self.pdl = (want and getattr(self.backend, "pdl", False)
-                    and int(self.backend.arch()) >= launch_ex.MIN_ARCH)
-        if self.pdl and self.backend.name == "cupy":
-            launch_ex.driver()   # a driver without cuLaunchKernelEx says so now, not at the first launch
+        self.pdl = want and bool(getattr(self.backend, "supports_pdl", lambda: False)())
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol), pdl=self.pdl)
         big: Dict[str, int] = {}   # the halo conv's dynamic smem goes past the 48 KB that need no opt-in
         for s in self.specs:

@@ -126,7 +126,7 @@ def module_source(keys: Iterable[Any], folder: Optional[Path] = None, pdl: bool 
     """All kernel sources, then one instantiation line per key (sorted: a stable cache key).
     conv_pipe.cu (and conv_halo.cu, which builds on it) join only a module that instantiates them.
     pdl: define JETSON_UNET_PDL first, so every kernel opens with GRID_DEPENDENCY (kernels/common.cuh,
-    sm_90+; runtime.gpu.launch_ex); without it the module is exactly what it was before PDL."""
+    sm_90+; runtime.gpu.launch_ex); without it GRID_DEPENDENCY compiles to nothing."""
     keys = list(keys)
     names = SOURCES
     if any(getattr(k, "stages", 0) for k in keys):

@@ -6,8 +6,8 @@ CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start as the previous 
 each kernel of a module built with JETSON_UNET_PDL waits (`griddepcontrol.wait`, GRID_DEPENDENCY in
 kernels/common.cuh) for the previous one's completion and writes before anything else, so the order of
 reads and writes is unchanged. Stream capture keeps the attribute as a programmatic edge of the CUDA
-graph. Measured on an H200 (docs/perf-notes.md, session 23): a graphed call 0.390 -> 0.374 ms at
-batch 1, 0.997 -> 0.985 at batch 16, the results bit-identical.
+graph. Measured on an H200 (docs/perf-notes.md, session 23): a graphed call 0.388 -> 0.376 ms at
+batch 1, 0.992 -> 0.990 at batch 16, the results bit-identical.
 
 sm_90 and later only (H100, H200, Jetson Thor): the Orin's sm_87 has no griddepcontrol, and the
 executor never asks for it there. Off by default ($JETSON_UNET_PDL=1 or GpuExecutor(pdl=True)): the

@@ -42,6 +42,20 @@ def weights() -> Any:
     return Weights("random", cfg, random_params(cfg, 4), {"param_dtype": "float32"})
 
 
+def replayed_eps(ex: Any, backend: Any, like: Any) -> Any:
+    """eps of one call of `ex` (timesteps at t_idx) captured as a CUDA graph and replayed over an eps
+    poisoned with NaN (`like`: an eps of the right shape)."""
+    import numpy as np
+    s = ex.stream
+    backend.capture_begin(s)
+    ex.run(s, ex.t_idx_ptr)
+    graph = backend.capture_end(s)
+    ex.upload_tensor("eps", np.full_like(like, np.nan))
+    graph.launch(s)
+    s.synchronize()
+    return ex.download_tensor("eps")
+
+
 def report(line: str) -> None:
     """Append a line to $GPU_REPORT (if set): per-op errors survive a passing, quiet run."""
     path = os.environ.get("GPU_REPORT")

@@ -93,7 +93,6 @@ class FakeEvent:
 
 class FakeBackend:
     name = "fake"
-    pdl = False   # no launch_pdl use unless a test says so (runtime.gpu.launch_ex)
 
     def __init__(self, free: int = 8 << 30, arch: int = 87, sms: int = 8, integrated: bool = False) -> None:
         self.free, self._arch, self._sms, self._integrated = free, arch, sms, integrated

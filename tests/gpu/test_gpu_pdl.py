@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import report
+from conftest import replayed_eps, report
 from runtime.gpu.executor import GpuExecutor
 from runtime.gpu.launch_ex import PDL_ENV
 from runtime.gpu.sampling import GpuSampler
@@ -18,18 +18,6 @@ from runtime.schedule import make_steps
 def needs_pdl(backend) -> None:
     if int(backend.arch()) < 90:
         pytest.skip(f"programmatic dependent launch needs sm_90+, this GPU is sm_{backend.arch()}")
-
-
-def eps_and_replay(ex: GpuExecutor, backend, x: np.ndarray, t: np.ndarray):
-    direct, again = ex.eps(x, t), ex.eps(x, t)
-    s = ex.stream
-    backend.capture_begin(s)
-    ex.run(s, ex.t_idx_ptr)
-    graph = backend.capture_end(s)
-    ex.upload_tensor("eps", np.full_like(direct, np.nan))
-    graph.launch(s)
-    s.synchronize()
-    return direct, again, ex.download_tensor("eps")
 
 
 @pytest.mark.gpu
@@ -45,7 +33,8 @@ def test_pdl_call_is_bit_identical_to_plain_launches(backend, weights, precision
         want = ex.eps(x, t)
     with GpuExecutor(weights, precision, batch=batch, backend=backend, pdl=True) as ex:
         assert ex.pdl and "#define JETSON_UNET_PDL" in ex.kernels.source
-        direct, again, replay = eps_and_replay(ex, backend, x, t)
+        direct, again = ex.eps(x, t), ex.eps(x, t)
+        replay = replayed_eps(ex, backend, direct)
         n = ex.launches_per_call
     report(f"pdl {precision} b{batch}: {n} launches, direct / again / graph replay bit-identical to plain: "
            f"{np.array_equal(direct, want)} / {np.array_equal(again, want)} / {np.array_equal(replay, want)}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import STAGES_ENV, expects_pipelined, pipelined_symbols, report, variant_applies
+from conftest import STAGES_ENV, expects_pipelined, pipelined_symbols, replayed_eps, report, variant_applies
 from runtime import models_dir
 from runtime.config import UNetConfig
 from runtime.gpu.executor import GpuExecutor, view_layout
@@ -114,14 +114,7 @@ def test_graph_replay_equals_direct_run(backend, case, precision, conv_variant):
     weights, x, t, want, _ = case
     with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
         direct = ex.eps(x, t)
-        s = ex.stream
-        backend.capture_begin(s)
-        ex.run(s, ex.t_idx_ptr)
-        graph = backend.capture_end(s)
-        ex.upload_tensor("eps", np.full_like(direct, np.nan))
-        graph.launch(s)
-        s.synchronize()
-        replay = ex.download_tensor("eps")
+        replay = replayed_eps(ex, backend, direct)
     assert np.array_equal(direct, replay)
 
 
