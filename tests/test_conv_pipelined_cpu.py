@@ -68,7 +68,6 @@ def describe_all() -> dict:
     return {f"{n}-{p}-b{b}-sms{s}": describe(CONFIGS[n], p, b, s) for n, p, b, s in GOLDEN_CASES}
 
 
-
 @pytest.fixture
 def no_stages(monkeypatch):
     monkeypatch.setenv(ops.STAGES_ENV, "0")

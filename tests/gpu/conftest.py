@@ -11,6 +11,7 @@ import os
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 
 from runtime.errors import BackendUnavailable
@@ -45,7 +46,6 @@ def weights() -> Any:
 def replayed_eps(ex: Any, backend: Any, like: Any) -> Any:
     """eps of one call of `ex` (timesteps at t_idx) captured as a CUDA graph and replayed over an eps
     poisoned with NaN (`like`: an eps of the right shape)."""
-    import numpy as np
     s = ex.stream
     backend.capture_begin(s)
     ex.run(s, ex.t_idx_ptr)
