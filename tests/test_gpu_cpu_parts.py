@@ -18,7 +18,7 @@ from runtime.config import UNetConfig  # noqa: E402
 from runtime.errors import ArenaError, ConfigError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.plan import CAT, CONV  # noqa: E402
+from runtime.plan import CAT, CONV, Op  # noqa: E402
 from runtime.reference import Reference, gn1, run_op  # noqa: E402
 from runtime.weights import random_params  # noqa: E402
 
@@ -199,7 +199,7 @@ def emulate(spec, key, env, plan, params, precision):
     out = a @ w[:, :k0p].T
     if fold:
         out = (out - mean[:, None, None, None] * q) * rstd[:, None, None, None]
-    if op.residual_conv:
+    if ops.k_residual(op):   # a residual_conv's 1x1 weights or an identity residual's identity
         r = env[op.residual].transpose(0, 2, 3, 1)
         out = out + r @ w[:, k0p:k0p + r.shape[-1]].T
     out = out[..., :ot.channels] + spec.blobs["bias"][:ot.channels]
@@ -221,12 +221,37 @@ def test_packed_weights_reproduce_every_gemm_conv(cfg, precision):
             continue
         op = spec.op
         plain = op.__class__(CONV, op.out, op.inputs, op.prefix, k=op.k, in_map=op.in_map, norm=op.norm,
-                             residual=op.residual if op.residual_conv else None,
+                             residual=ops.k_residual(op),
                              residual_conv=op.residual_conv)
         want = run_op(plain, env, ref.params, ex.plan)
         got = emulate(spec, spec.key, env, ex.plan, ref.params, precision)
         err = np.linalg.norm(got - want) / np.linalg.norm(want)
         assert err < tol, (op.out, err)
+
+
+def test_identity_residual_joins_the_gemm_as_a_k_segment():
+    """A block's identity residual (conv2 without activation) is the GEMM's second K segment with
+    identity weights, not the epilogue's `res`; a residual after an activation stays in the epilogue."""
+    plain = ops.k_residual
+    assert plain(Op(CONV, "o", ("h",), "p", k=3, residual="x")) == "x"
+    assert plain(Op(CONV, "o", ("h",), "p", k=3, residual="x", residual_conv="p.res_conv")) == "x"
+    assert plain(Op(CONV, "o", ("h",), "p", k=3, residual="x", act="gelu")) is None
+    assert plain(Op(CONV, "o", ("h",), "p", k=3)) is None
+    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
+    launches = {L.name: L for L in ex.launches}
+    seen = 0
+    for spec in ex.specs:
+        op = spec.op
+        if spec.op.kind != CONV or not op.residual or op.residual_conv or ops.kernel_kind(op, ex.plan) != "gemm":
+            continue
+        seen += 1
+        n = ex.plan.tensors[op.out].channels
+        args = launches[op.out].args   # CONV_PARAMS: 5 xr, 6 Cr, 10 nk0, 11 nk1, 22 res
+        assert int(args[5]) and int(args[6]) == n and int(args[11]) > 0, op.out
+        assert int(args[22]) == 0, op.out
+        w, k0 = ops.from_device(spec.blobs["w"], "fp16"), int(args[10]) * spec.key.bk
+        assert np.array_equal(w[:n, k0:k0 + n], np.eye(n)) and not w[:n, k0 + n:].any(), op.out
+    assert seen >= 5   # downs.0.block1, every downs.*.block2, mid.block1/2
 
 
 def test_refuses_a_batch_that_does_not_fit():

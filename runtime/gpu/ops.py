@@ -342,7 +342,8 @@ def halo_problems(key: ConvKey, g: ConvGeom) -> List[str]:
 
 def conv_geom(op: Op, ctx: Ctx) -> ConvGeom:
     t = ctx.plan.tensors
-    return ConvGeom(t[op.x].channels, t[op.residual].channels if op.residual_conv else 0, t[op.out].size,
+    xr = k_residual(op)
+    return ConvGeom(t[op.x].channels, t[xr].channels if xr else 0, t[op.out].size,
                     bool(op.norm))
 
 
@@ -472,7 +473,7 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
         raise ConfigError(f"{op.out}: unshuffle2 is supported for a 1x1 conv without norm only")
     if op.residual_conv and op.act != "none":
         raise ConfigError(f"{op.out}: a fused residual_conv needs act 'none' (it joins the GEMM)")
-    xr = op.residual if op.residual_conv else None
+    xr = k_residual(op)
     cr = plan.tensors[xr].channels if xr else 0
     vec = vec_for(ctx.precision, ctx, (op.x, xr, op.out), (xt.channels, cr, ot.channels))
     tile = choose_tile(ctx.precision, ot.size * ot.size, ot.channels, ctx.tile_batch or ctx.batch,
@@ -489,6 +490,19 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"], ctx.gn_fold):
         key = dataclasses.replace(key, fold=True)
     return key
+
+
+def k_residual(op: Op) -> Optional[str]:
+    """The tensor that joins a conv's GEMM as its second K segment (the residual A rows of
+    kernels/conv.cu), or None: a residual_conv's input, with its 1x1 weights, or an identity residual
+    of a conv without activation, with identity weights (exact: x * 1 in fp32 accumulation). As a K
+    segment the residual streams through the copy pipeline with the GEMM's operands; as the
+    epilogue's `res` its loads came after the k loop, exposed on every CTA of a one-wave grid
+    (Nsight Compute, batch 16: 21% of a 64x64-level conv2's warp stall samples; docs/perf-notes.md
+    session 24). The residual of a conv with an activation stays in the epilogue (act(conv) + res)."""
+    if op.residual and (op.residual_conv or op.act == "none"):
+        return op.residual
+    return None
 
 
 def builtin_halo(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey]:
@@ -515,12 +529,16 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     n, m = ot.channels, ot.size * ot.size
     segs = [conv_matrix(op, p)]
     bias = np.asarray(p[op.prefix + ".bias"], dtype=np.float32)
-    xr, cr = None, 0
+    xr = k_residual(op)
+    cr = plan.tensors[xr].channels if xr else 0
     if op.residual_conv:
-        xr, cr = op.residual, plan.tensors[op.residual].channels
         segs.append(np.asarray(p[op.residual_conv + ".weight"]).reshape(n, cr))
         bias = bias + np.asarray(p[op.residual_conv + ".bias"], dtype=np.float32)
-    res = op.residual if (op.residual and not op.residual_conv) else None
+    elif xr:
+        if cr != n:
+            raise ConfigError(f"{op.out}: identity residual {xr} has {cr} channels, the conv {n}")
+        segs.append(np.eye(n, dtype=np.float32))
+    res = op.residual if (op.residual and not xr) else None
     gn_w, gn_b = (p[op.norm + ".weight"], p[op.norm + ".bias"]) if op.norm else (None, None)
     fold = key.fold   # gemm_key decided (fold_norm)
     if fold:

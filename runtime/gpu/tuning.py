@@ -26,8 +26,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..errors import ConfigError
 from ..plan import CONV, GATE, Op
 from .ops import (HALO_STAGES, MAX_STAGES, PIPE_RING_LIMIT, PIPE_SCRATCH, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv,
-                  check_key, conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, kernel_kind, op_spec,
-                  pipe_ring_bytes)
+                  check_key, conv_geom, conv_matrix, gate_key, gemm_key, halo_problems, k_residual, kernel_kind,
+                  op_spec, pipe_ring_bytes)
 
 FORMAT = 1
 ENV = "JETSON_UNET_TILES"
@@ -128,11 +128,12 @@ def builtin_tiles(ctx: Ctx) -> Dict[str, TileChoice]:
 
 
 def k_segments(op: Op, ctx: Ctx) -> List[int]:
-    """The GEMM's K segments (the conv, then a fused residual_conv's or the gate's skip input)."""
+    """The GEMM's K segments (the conv, then its residual's (ops.k_residual) or the gate's skip input)."""
     t = ctx.plan.tensors
     if op.kind == GATE:
         return [t[op.inputs[0]].channels, t[op.inputs[1]].channels]
-    return [conv_matrix(op, ctx.params).shape[1]] + ([t[op.residual].channels] if op.residual_conv else [])
+    xr = k_residual(op)
+    return [conv_matrix(op, ctx.params).shape[1]] + ([t[xr].channels] if xr else [])
 
 
 def with_splits(t: TileChoice, segments: List[int]) -> List[TileChoice]:
