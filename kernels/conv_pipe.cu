@@ -68,13 +68,14 @@ template <class S, int AP, int KH, int ST, int UP> struct ATaps {
             pin(off[i]);
         }
     }
-    // Source of row i at the thread's k position (tap, kx, c; k_off = (ky * Win + kx) * ldx + c), or
-    // `dummy` (a valid address, nothing is read) when the tap is in the padding.
+    // Source of row i at the thread's k position (tap, kx, c; k_off = (ky * Win + kx) * ldx + c), or a
+    // valid address from which nothing is read when the tap is in the padding: the sample's base
+    // (UP == 1: the 32-bit offset is selected, two moves fewer than a pointer) or `dummy`.
     __device__ __forceinline__ const S *src(int i, int k_off, int tap, int kx, int c, u32 bit, int Win, int ldx,
                                             const S *dummy, bool &in) const {
         in = (ok[i] & bit) != 0;
         if constexpr (UP == 1) {
-            return in ? xs + (off[i] + k_off) : dummy;
+            return xs + (in ? off[i] + k_off : 0);
         } else {
             const int vy = (off[i] >> 16) * ST + tap / KH - PAD, vx = (off[i] & 0xffff) * ST + kx - PAD;
             return in ? xs + ((vy >> 1) * Win + (vx >> 1)) * ldx + c : dummy;
@@ -277,6 +278,10 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         if (!norm || chan < 0 || !a_row_ok) return;
         S *p = &As[st][L::off(r0, kv * VEC)];   // row r0 + i * RPP lies i * RPP * BK further (same swizzle)
         if constexpr (FOLD) {
+            // a branch, not predicated stores: nearly every k-tile of a thread has no padded vector
+            // (the border rows and columns of the image only), and the predicated load and stores
+            // were ~7% of the k loop's instructions (Nsight Compute, docs/perf-notes.md session 24)
+            if ((mask & ((2u << (AP - 1)) - 1u)) == ((2u << (AP - 1)) - 1u)) return;
             const Vec<S, VEC> pad = vload<S, VEC>(reinterpret_cast<const S *>(dyn_smem) + chan);
 #pragma unroll
             for (int i = 0; i < AP; ++i)
