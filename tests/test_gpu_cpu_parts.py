@@ -232,17 +232,17 @@ def test_packed_weights_reproduce_every_gemm_conv(cfg, precision):
 def test_identity_residual_joins_the_gemm_as_a_k_segment():
     """A block's identity residual (conv2 without activation) is the GEMM's second K segment with
     identity weights, not the epilogue's `res`; a residual after an activation stays in the epilogue."""
-    plain = ops.k_residual
-    assert plain(Op(CONV, "o", ("h",), "p", k=3, residual="x")) == "x"
-    assert plain(Op(CONV, "o", ("h",), "p", k=3, residual="x", residual_conv="p.res_conv")) == "x"
-    assert plain(Op(CONV, "o", ("h",), "p", k=3, residual="x", act="gelu")) is None
-    assert plain(Op(CONV, "o", ("h",), "p", k=3)) is None
+    kr = ops.k_residual
+    assert kr(Op(CONV, "o", ("h",), "p", k=3, residual="x")) == "x"
+    assert kr(Op(CONV, "o", ("h",), "p", k=3, residual="x", residual_conv="p.res_conv")) == "x"
+    assert kr(Op(CONV, "o", ("h",), "p", k=3, residual="x", act="gelu")) is None
+    assert kr(Op(CONV, "o", ("h",), "p", k=3)) is None
     ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
     launches = {L.name: L for L in ex.launches}
     seen = 0
     for spec in ex.specs:
         op = spec.op
-        if spec.op.kind != CONV or not op.residual or op.residual_conv or ops.kernel_kind(op, ex.plan) != "gemm":
+        if op.kind != CONV or not op.residual or op.residual_conv or ops.kernel_kind(op, ex.plan) != "gemm":
             continue
         seen += 1
         n = ex.plan.tensors[op.out].channels
