@@ -66,8 +66,8 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
     "gnloop": ("the GroupNorm merge's partials past the first 32 (their second round trip)", [
         ("common.cuh", "for (int i = lane + 32; i < P; i += 32 * NB) {", "for (int i = lane + 32; i < 0; i += 32 * NB) {")]),
     "nopad": ("the folded GroupNorm's pad-vector writes after each k-tile's wait", [
-        ("conv_pipe.cu", "        if constexpr (FOLD) {\n            const Vec<S, VEC> pad",
-         "        if constexpr (FOLD) {\n            return;\n            const Vec<S, VEC> pad"),
+        ("conv_pipe.cu", "        if constexpr (FOLD) {\n            // a branch, not predicated stores",
+         "        if constexpr (FOLD) {\n            return;\n            // a branch, not predicated stores"),
         ("conv_halo.cu", "if constexpr (FOLD) {   // the pad vector over", "if constexpr (FOLD) { return;   // the pad vector over")]),
 }
 COPIED = ("runtime", "kernels", "tools", "weights", "pyproject.toml")
