@@ -349,28 +349,41 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     pre.load(bias, psi_w, n0);
     if (norm) conv_gn_prologue<D, NT, 4, BN, FOLD>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, gn_fold, fcol, Cin, b, n0);
 
-    int st = 0;
-    for (int i = 0; i < ntiles; ++i) {
-        cp_async_wait<STAGES - 2>();   // this thread's copies of tile i have landed
-        normalize(st, qmask[0], qchan[0]);
-        __syncthreads();   // tile i visible to all; every warp is done with tile i-1 (its stage is reused next)
+    // Large conv tiles (the batch-16 ones, >= 64 x 64 outputs over >= 4 warps): the loop unrolled by
+    // STAGES (tile i0 + u in stage u), so every stage offset is a constant of the code, not
+    // arithmetic of each k-tile: 10-20% fewer instructions (docs/perf-notes.md session 24). Others:
+    // one tile per trip, the stage counted. Unrolled everywhere, a batch-1 call went 3 us slower
+    // (every kernel starts with a cold instruction cache, and three copies of the body cost more
+    // there than they save), the 2x1-warp tile (255 registers) got slower, and sm_87 ptxas spilled
+    // 12 bytes in the gate gaten 64x64x32_s4 (session 24). This rule, on the H200: batch 16 -8 us,
+    // batch 1 unchanged (session 25).
+    constexpr int U = (GATE || BM * BN < 64 * 64 || WM * WN < 4) ? 1 : STAGES;
+    for (int i0 = 0, st0 = 0; i0 < ntiles; i0 += U) {
 #pragma unroll
-        for (int s = 0; s + 1 < STAGES - 1; ++s) {
-            qmask[s] = qmask[s + 1];
-            qchan[s] = qchan[s + 1];
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u, st = U == STAGES ? u : st0;
+            if (i >= ntiles) break;
+            cp_async_wait<STAGES - 2>();   // this thread's copies of tile i have landed
+            normalize(st, qmask[0], qchan[0]);
+            __syncthreads();   // tile i visible to all; every warp is done with tile i-1 (its stage is reused next)
+#pragma unroll
+            for (int s = 0; s + 1 < STAGES - 1; ++s) {
+                qmask[s] = qmask[s + 1];
+                qchan[s] = qchan[s + 1];
+            }
+            qmask[STAGES - 2] = 0;
+            qchan[STAGES - 2] = -1;
+            const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
+            if (i + STAGES - 1 < ntiles) {
+                issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
+                issue_b(kb + i + STAGES - 1, wst);
+            }
+            cp_async_commit();
+            mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
+            if constexpr (FOLD)
+                if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[BN]);
+            st0 = st0 + 1 == STAGES ? 0 : st0 + 1;   // (U == STAGES: unused)
         }
-        qmask[STAGES - 2] = 0;
-        qchan[STAGES - 2] = -1;
-        const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
-        if (i + STAGES - 1 < ntiles) {
-            issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
-            issue_b(kb + i + STAGES - 1, wst);
-        }
-        cp_async_commit();
-        mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
-        if constexpr (FOLD)
-            if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[BN]);
-        st = st + 1 == STAGES ? 0 : st + 1;
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
 
