@@ -250,14 +250,16 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc")
-    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend(sms=8))
-    keys = sorted({s.key for s in ex.specs if isinstance(s.key, ConvKey) and s.key.stages},
-                  key=lambda k: k.symbol)
+    # batch 1 and 16 on the Orin's 8 SMs: at batch 16 most tiles are large, with the k loop unrolled
+    # by its stages (conv_pipe.cu), which holds more registers
+    specs = [s for b in (1, 16) for s in GpuExecutor(W(UNetConfig()), "fp16", batch=b, backend=FakeBackend(sms=8)).specs]
+    keys = sorted({s.key for s in specs if isinstance(s.key, ConvKey) and s.key.stages}, key=lambda k: k.symbol)
     dyn = {}
-    for s in ex.specs:
+    for s in specs:
         dyn[s.key.symbol] = max(dyn.get(s.key.symbol, 0), s.smem)
     rep = sm87_ptxas(nvcc, keys, tmp_path)
     assert any(k.halo for k in keys)   # an 8-SM GPU's built-in tiles take the halo conv where it is deep
+    assert any(k.bm * k.bn >= 64 * 64 and k.wm * k.wn >= 4 and not k.halo and not k.gate for k in keys)   # unrolled
     for k in keys:
         f = rep[k.symbol]
         assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
@@ -267,7 +269,10 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
         ring = ops.pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages)
         assert ring <= f["smem"] <= ring + ops.PIPE_SCRATCH, (k.symbol, f)
         assert f["smem"] + dyn.get(k.symbol, 0) <= ops.SMEM_LIMIT, (k.symbol, f)
-        assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)   # two CTAs per SM by registers
+        # two CTAs per SM by registers, where the launch bounds ask for it (conv_pipe.cu PIPE_MIN_CTAS):
+        # the 8-warp up2 tiles of batch 16 may take up to 255 (192-194 on sm_87, one CTA per SM)
+        if not (k.up == 2 and k.wm * k.wn * k.ks >= 8):
+            assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)
 
 
 if __name__ == "__main__" and "--write-golden" in sys.argv:
