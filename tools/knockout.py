@@ -69,8 +69,9 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
         ("conv_pipe.cu", "        if constexpr (FOLD) {\n            // a branch, not predicated stores",
          "        if constexpr (FOLD) {\n            return;\n            // a branch, not predicated stores"),
         ("conv_halo.cu", "if constexpr (FOLD) {   // the pad vector over", "if constexpr (FOLD) { return;   // the pad vector over")]),
-    # with "nopad": the bound on zero-filled padding corrected in the epilogue (session 25's border
-    # term, docs/perf-notes.md: its epilogue pass cost more than both)
+    # with "nopad": what a fold that leaves the zero-filled padding alone could save at most (session
+    # 25 paid for the padding in the epilogue instead: that pass cost more than the two save,
+    # docs/perf-notes.md)
     "nobar": ("the folded GroupNorm's pad table and the prologue's barrier (the merge stays)", [
         ("conv.cu", "if (c < Cin) t[c] = D::from_f(fmaf(-pw[r], sd, mean));", ""),
         ("conv.cu", "for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) t[c] = D::from_f(fmaf(-gn_fold[c], sd, mean));",
