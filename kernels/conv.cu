@@ -518,6 +518,13 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             }
         };
         if (act == 1) prep(true); else prep(false);
+        // Addresses from the tile's (0, 0) by 32-bit offsets r * ld + c (a sample's view stays under
+        // 2^31 elements, as the loaders assume): per pair a constant past its row's offset. The
+        // 64-bit (b * M + m) * ld + n of each pair was ~12 instructions per stored pair (Nsight
+        // Compute, docs/perf-notes.md session 24).
+        const size_t tile0 = (size_t)b * M + m0;
+        S *const outt = out + tile0 * ldo + n0;
+        const S *const rest = res ? res + tile0 * ldres + n0 : nullptr;
 #pragma unroll
         for (int p = 0; p < NPAIR; ++p) {
             int ri, r, c;
@@ -525,17 +532,17 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             float v0 = v[0], v1 = v[1];
             const int m = m0 + r, n = n0 + c;
             const bool ok0 = m < M && n < N, ok1 = m < M && n + 1 < N;
-            const size_t pix = (size_t)b * M + m;
-            if (res) {
-                if (ok0) v0 += D::to_f(res[pix * ldres + n]);
-                if (ok1) v1 += D::to_f(res[pix * ldres + n + 1]);
+            if (rest) {
+                if (ok0) v0 += D::to_f(rest[r * ldres + c]);
+                if (ok1) v1 += D::to_f(rest[r * ldres + c + 1]);
             }
+            S *const o = outt + (r * ldo + c);
             if (VEC > 1 && ok1) {   // VEC > 1: N, ldo and the view offset are even (checked on the host)
-                Vec<S, 2> o; o.v[0] = D::from_f(v0); o.v[1] = D::from_f(v1);
-                vstore<S, 2>(out + pix * ldo + n, o);
+                Vec<S, 2> w; w.v[0] = D::from_f(v0); w.v[1] = D::from_f(v1);
+                vstore<S, 2>(o, w);
             } else {
-                if (ok0) out[pix * ldo + n] = D::from_f(v0);
-                if (ok1) out[pix * ldo + n + 1] = D::from_f(v1);
+                if (ok0) o[0] = D::from_f(v0);
+                if (ok1) o[1] = D::from_f(v1);
             }
             lsum += (ok0 ? v0 : 0.0f) + (ok1 ? v1 : 0.0f);
             v[0] = v0;
