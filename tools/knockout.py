@@ -54,9 +54,9 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
         ("conv.cu", "        if (st_part) {   // GroupNorm partials", "        if (false) {   // GroupNorm partials")]),
     "store": ("the GEMM convs' output stores (the values are still computed: the statistics use them)", [
         ("conv.cu", "if (VEC > 1 && ok1) {   // VEC > 1", "if (false) {   // VEC > 1"),
-        ("conv.cu", "if (ok0) out[pix * ldo + n] = D::from_f(v0);\n"
-                    "                if (ok1) out[pix * ldo + n + 1] = D::from_f(v1);",
-         "if (v0 == 1234.5f) out[pix * ldo + n] = D::from_f(v1);")]),
+        ("conv.cu", "if (ok0) o[0] = D::from_f(v0);\n"
+                    "                if (ok1) o[1] = D::from_f(v1);",
+         "if (v0 == 1234.5f) o[0] = D::from_f(v1);")]),
     "kloop": ("the k loops of the cp.async and halo convs (no copies, no mma)", [
         ("conv_halo.cu", "ntiles = ke - kb;", "ntiles = 0 * (ke - kb);"),
         ("conv_pipe.cu", "ntiles = ke - kb;", "ntiles = 0 * (ke - kb);")]),
