@@ -170,14 +170,25 @@ __device__ __forceinline__ void slice_exchange(const float (&acc)[MF][NF][4], fl
             }
 }
 
+// Several M tiles per CTA (PERSIST; ops.TileChoice.mt, opt-in through a tuning file): grid.x is
+// ceil(mtiles / mt), and CTA g runs M tiles g, g + gridDim.x, ... of its (n tile, sample) in turn. What
+// depends only on those (the GroupNorm merge and the folded column terms, the epilogue's bias, the
+// weights' copy map) is done once per CTA, and the next tile's first STAGES-1 k-tiles are issued
+// before the current tile's epilogue, so their latency overlaps it. No split-K, k slices or gates
+// (the host checks). Why: the set-up is a latency chain per CTA (session 19's knockouts: the
+// GroupNorm prologue alone 65 us per batch-16 call), and every CTA starts with an empty pipeline.
+template <bool MUTABLE, class X> struct ConstUnless { typedef const X T; };
+template <class X> struct ConstUnless<true, X> { typedef X T; };
+
 template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, int GATE, int STAGES,
-          int KS, bool FOLD>
+          int KS, bool FOLD, bool PERSIST = false>
 __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     typedef typename D::S S;
     typedef SwizzledTile<BK> L;
     static_assert(D::TC && VEC * sizeof(S) == 16, "16-bit types with 16-byte vectors only");
     static_assert(STAGES >= 2, "at least two stages");
     static_assert(KS == 1 || KS == 2 || KS == 4, "k slices");
+    static_assert(!PERSIST || (KS == 1 && !GATE), "several M tiles per CTA: convs without k slices");
     constexpr int NT = 32 * WM * WN * KS;
     // the ring: STAGES A tiles, then STAGES B tiles (one array: the k slices' exchange reuses all of it)
     __shared__ __align__(128) S ring[STAGES * (BM + BN) * BK];
@@ -194,8 +205,9 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);
 #endif
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;   // split-K as in conv_gemm
-    const int sk = div_small(blockIdx.x, mtiles), mt = blockIdx.x - sk * mtiles;
-    const int m0 = mt * BM, n0 = blockIdx.y * BN;
+    const int sk = PERSIST ? 0 : div_small(blockIdx.x, mtiles);   // PERSIST: splits == 1
+    int mt = blockIdx.x - sk * mtiles, m0 = mt * BM;
+    const int n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
     static_assert(!FOLD || !GATE, "a gate has no GroupNorm");
     const int nk = nk0 + nk1, kb = div_small(sk * nk, splits),
@@ -204,24 +216,28 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // ---- A copies: the thread -> (rows, k vector) map of conv_gemm's loader ----------------------
     typedef ARows<BM, BK, VEC, NT> AR;
     constexpr int RPP = AR::RPP, AP = AR::AP;
-    const AR ar(tid, m0, M, Wout);
+    typedef ATaps<S, AP, KH, ST, UP> AT;
+    // const unless PERSIST reassigns them per M tile (const, the single-tile kernels compile to the
+    // same code as before PERSIST existed)
+    typename ConstUnless<PERSIST, AR>::T ar(tid, m0, M, Wout);   // kv, r0, ok: of tid only
     const int kv = ar.kv, r0 = ar.r0;
     const bool a_row_ok = ar.ok;
-    const ATaps<S, AP, KH, ST, UP> at(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx);
+    typename ConstUnless<PERSIST, AT>::T at(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx);
     // The thread's k position walks forward one k-tile per issue (tiles are issued in order kb,
     // kb+1, ...): channel c, tap (ky, kx), its bit and its element offset, updated by additions
     // (one division, here, per kernel instead of one per k-tile).
     int k_c, k_tap, k_kx, k_off;
     u32 k_bit;
-    {
-        const int k = kb * BK + kv * VEC;
+    auto k_start = [&](int kt) {   // at k-tile kt (of segment 0)
+        const int k = kt * BK + kv * VEC;
         k_tap = div_small(k, Cin);
         k_c = k - k_tap * Cin;
         const int ky = k_tap / KH;
         k_kx = k_tap - ky * KH;
         k_off = (ky * Win + k_kx) * ldx + k_c;
         k_bit = k_tap < 32 ? 1u << k_tap : 0u;
-    }
+    };
+    k_start(kb);
     const BCopies<S, BN, BK, VEC, NT> bc(wt, ldw, n0, tid);
     // smem destinations and fragment addresses, as .shared offsets (stage 0; stage st adds st * stride)
     constexpr u32 A_STAGE = BM * BK * sizeof(S), B_STAGE = BN * BK * sizeof(S);
@@ -329,21 +345,25 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // read after the dependency only.
     u32 qmask[STAGES - 1];
     int qchan[STAGES - 1];
+    // the first STAGES-1 k-tiles of an M tile into stages 0.. (first: the kernel's, with the dependency)
+    auto issue_first = [&](bool first) {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        qmask[s] = 0;
-        qchan[s] = -1;
-        if (!GATE && s < ntiles) issue_b(kb + s, s);
-        if (s == 0) {
-            GRID_DEPENDENCY();
+        for (int s = 0; s < STAGES - 1; ++s) {
+            qmask[s] = 0;
+            qchan[s] = -1;
+            if (!GATE && s < ntiles) issue_b(kb + s, s);
+            if (first && s == 0) {
+                GRID_DEPENDENCY();
 #ifdef JETSON_UNET_PDL
-            gp = GnPrefetch(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);
+                gp = GnPrefetch(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);
 #endif
+            }
+            if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
+            if (GATE && s < ntiles) issue_b(kb + s, s);
+            cp_async_commit();
         }
-        if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
-        if (GATE && s < ntiles) issue_b(kb + s, s);
-        cp_async_commit();
-    }
+    };
+    issue_first(true);
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
     EpiloguePrefetch<BN, NT, (GATE != 0), true> pre;
     pre.load(bias, psi_w, n0);
@@ -358,34 +378,62 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // 12 bytes in the gate gaten 64x64x32_s4 (session 24). This rule, on the H200: batch 16 -8 us,
     // batch 1 unchanged (session 25).
     constexpr int U = (GATE || BM * BN < 64 * 64 || WM * WN < 4) ? 1 : STAGES;
-    for (int i0 = 0, st0 = 0; i0 < ntiles; i0 += U) {
+    for (;;) {   // the CTA's M tiles (one unless PERSIST)
+        for (int i0 = 0, st0 = 0; i0 < ntiles; i0 += U) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int i = i0 + u, st = U == STAGES ? u : st0;
-            if (i >= ntiles) break;
-            cp_async_wait<STAGES - 2>();   // this thread's copies of tile i have landed
-            normalize(st, qmask[0], qchan[0]);
-            __syncthreads();   // tile i visible to all; every warp is done with tile i-1 (its stage is reused next)
+            for (int u = 0; u < U; ++u) {
+                const int i = i0 + u, st = U == STAGES ? u : st0;
+                if (i >= ntiles) break;
+                cp_async_wait<STAGES - 2>();   // this thread's copies of tile i have landed
+                normalize(st, qmask[0], qchan[0]);
+                __syncthreads();   // tile i visible to all; every warp is done with tile i-1 (its stage is reused next)
 #pragma unroll
-            for (int s = 0; s + 1 < STAGES - 1; ++s) {
-                qmask[s] = qmask[s + 1];
-                qchan[s] = qchan[s + 1];
+                for (int s = 0; s + 1 < STAGES - 1; ++s) {
+                    qmask[s] = qmask[s + 1];
+                    qchan[s] = qchan[s + 1];
+                }
+                qmask[STAGES - 2] = 0;
+                qchan[STAGES - 2] = -1;
+                const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
+                if (i + STAGES - 1 < ntiles) {
+                    issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
+                    issue_b(kb + i + STAGES - 1, wst);
+                }
+                cp_async_commit();
+                mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
+                if constexpr (FOLD)
+                    if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[BN]);
+                st0 = st0 + 1 == STAGES ? 0 : st0 + 1;   // (U == STAGES: unused)
             }
-            qmask[STAGES - 2] = 0;
-            qchan[STAGES - 2] = -1;
-            const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
-            if (i + STAGES - 1 < ntiles) {
-                issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
-                issue_b(kb + i + STAGES - 1, wst);
+        }
+        if constexpr (PERSIST) {
+            const int done = mt;
+            mt += gridDim.x;
+            const bool more = mt < mtiles;
+            __syncthreads();   // every warp is done with the ring: the next tile's copies reuse it
+            auto a_state = [&](int kt) {   // the next tile's A rows and the k position at k-tile kt
+                m0 = mt * BM;
+                ar = AR(tid, m0, M, Wout);
+                at = AT(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx);
+                k_start(kt);
+            };
+            if (more) {   // its first k-tiles, in flight during this tile's epilogue
+                a_state(kb);
+                issue_first(false);
             }
-            cp_async_commit();
-            mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
-            if constexpr (FOLD)
-                if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[BN]);
-            st0 = st0 + 1 == STAGES ? 0 : st0 + 1;   // (U == STAGES: unused)
+            conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, done, sk, red, pre, FOLD ? fcol : nullptr,
+                                                      CONV_ARGS);
+            if (!more) break;
+            // the A state derived again after the epilogue, not held across it (held, at the 168-register
+            // cap: sm_90 ptxas spilled 60 and 152 bytes in two tiles, against 20 and 36 so)
+            a_state(kb + STAGES - 1);
+            zero_acc(acc);
+        } else {
+            break;
         }
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
+    if constexpr (PERSIST) return;
 
     if constexpr (KS == 1) {
         conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
@@ -399,15 +447,18 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     }
 }
 
-// One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES> (and _k<KS>).
+// One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES> (and _k<KS>,
+// _p for PERSIST).
 // Tiles with at most 32 accumulators per thread are held to 128 registers (16 warps per SM): left
 // alone, ptxas lands a few registers above, which costs a CTA per SM (measured: the 128x32 tile
 // at 134 registers ran 17% slower than at 128). The up2 kernels' per-tap source arithmetic spills
-// at that cap: 168 registers (12 warps per SM) for them.
-#define PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS) \
-    ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 ? 16 : 12) / ((WM) * (WN) * (KS)) : 1)
-#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD) \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS)) \
+// at that cap: 168 registers (12 warps per SM) for them, and for the kernels that run several M tiles
+// (PERSIST), which hold their loop state across the epilogue (at 128, the 128x32 tiles spilled 64-188
+// bytes on sm_87).
+#define PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS, PERSIST) \
+    ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 && !(PERSIST) ? 16 : 12) / ((WM) * (WN) * (KS)) : 1)
+#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD, PERSIST) \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS, PERSIST)) \
         name(CONV_PARAMS) {                                                                      \
-        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_ARGS); \
+        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD, PERSIST>(CONV_ARGS); \
     }

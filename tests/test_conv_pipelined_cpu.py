@@ -156,7 +156,7 @@ def test_pipelined_kernel_takes_conv_params():
     text = (kernels_dir() / "conv_pipe.cu").read_text()
     macro = re.search(r"#define CONV_PIPE_INSTANCE\(([^)]*)\)(.*)", text, re.S)
     names = [a.strip() for a in macro.group(1).split(",")]
-    assert names[-3:] == ["STAGES", "KS", "FOLD"] and len(names) == 15
+    assert names[-4:] == ["STAGES", "KS", "FOLD", "PERSIST"] and len(names) == 16
     assert re.search(r"name\(CONV_PARAMS\)", macro.group(2)) and "(CONV_ARGS)" in macro.group(2)
 
 

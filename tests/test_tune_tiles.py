@@ -3,8 +3,10 @@ must pick each op's cheapest candidate, write a tuning file that load_tiles acce
 (precision, batch, SMs) only, and GpuExecutor(tiles=...) must then launch those tiles."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -55,9 +57,9 @@ class Graph:
 
 
 class TimedFake(FakeBackend):
-    def __init__(self) -> None:
+    def __init__(self, cost=cost_us) -> None:
         super().__init__(sms=8)
-        self._mark = 0
+        self._mark, self.cost = 0, cost
 
     def event(self, timing: bool = True) -> Ev:
         return Ev()
@@ -66,7 +68,7 @@ class TimedFake(FakeBackend):
         self._mark = len(self.launches)
 
     def capture_end(self, stream: Any) -> Graph:
-        cost = sum(cost_us(sym, grid) for sym, grid, *_ in self.launches[self._mark:]) / 1000.0
+        cost = sum(self.cost(sym, grid) for sym, grid, *_ in self.launches[self._mark:]) / 1000.0
         return Graph(cost)
 
 
@@ -111,6 +113,54 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
         assert f"_{t.bm}x{t.bn}x{t.bk}_{t.wm}x{t.wn}_" in launched[op.out].fn.symbol
         size = plan.tensors[op.inputs[1] if op.kind == "gate" else op.out].size
         assert launched[op.out].grid[0] == -(-size ** 2 // t.bm)   # one split: each costs more in the model
+
+
+def test_tuner_times_several_m_tiles_per_cta_where_asked(weights, tmp_path, monkeypatch):
+    """--mt: each conv's best cp.async tile also with 2 and 4 M tiles per CTA (kernels/conv_pipe.cu
+    PERSIST); in this model those kernels cost less, so every conv whose best tile can run them takes
+    them (4 where that means fewer CTAs than 2), without split-K, and the executor launches them on
+    that grid; gates and halo tiles never."""
+    fake = TimedFake(lambda sym, grid: cost_us(sym, grid) - (0.5 if sym.endswith("_p") else 0.0))
+    monkeypatch.setattr(tune_tiles, "get_backend", lambda name: fake)
+    assert tune_tiles.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path), "--mt", "2", "4"]) == 0
+    path = tmp_path / "tiles-fake-8sm-fp16-b2.json"
+    tiles = load_tiles(path, "fp16", 2, 8, weights.config)
+    plan = build_plan(weights.config)
+    several = {n: t for n, t in tiles.items() if t.mt > 1}
+    assert several and all(t.splits == 1 and not t.halo and t.ks == 1 for t in several.values())
+    mtiles = {n: -(-plan.tensors[n].size ** 2 // t.bm) for n, t in several.items()}
+    assert all(t.mt == (4 if -(-mtiles[n] // 4) < -(-mtiles[n] // 2) else 2) for n, t in several.items())
+    kinds = {op.out: op.kind for op in plan.ops}
+    assert all(kinds[n] == "conv" for n in several)
+    assert all(kinds[n] == "gate" or t.halo or t.ks > 1 or not t.stages for n, t in tiles.items() if t.mt == 1)
+    with GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8), tiles=tiles) as ex:
+        for L in ex.launches:
+            if L.name in several:
+                assert L.fn.symbol.endswith("_p") and L.grid[0] == -(-mtiles[L.name] // several[L.name].mt), L.name
+            else:
+                assert not L.fn.symbol.endswith("_p"), L.name
+
+
+def test_several_m_tiles_per_cta_only_where_the_kernel_runs_them(weights, tmp_path):
+    """A tile with mt > 1 (TileChoice.mt, a tuning file's "mt"): the cp.async conv without k slices
+    only, never with split-K; each refusal one line naming the op; files without "mt" read as 1."""
+    from runtime.gpu.tuning import dump_tiles
+    fake = FakeBackend(sms=8)
+    ok = ops.TileChoice(64, 64, 2, 2, 32, 3, splits=1, mt=3)
+    for name, tile, why in [("downs.0.block1.conv1", dataclasses.replace(ok, splits=2), "with split-K 2"),
+                            ("downs.0.block1.conv1", dataclasses.replace(ok, ks=2), "several M tiles per CTA"),
+                            ("downs.0.block1.conv1", ops.TileChoice(64, 64, 2, 2, 64, 3, halo=1, mt=2),
+                             "several M tiles per CTA"),
+                            ("ups.3.gate@1", ops.TileChoice(64, 32, 2, 2, 32, 3, mt=2), "several M tiles per CTA")]:
+        with pytest.raises(ConfigError, match=rf"tuned tile of {re.escape(name)}: .*{why}"):
+            GpuExecutor(weights, "fp16", batch=2, backend=fake, tiles={name: tile})
+    path = tmp_path / "t.json"
+    dump_tiles(path, {"downs.0.block1.conv1": ok}, {"device": "fake", "sms": 8, "precision": "fp16", "batch": 2})
+    assert load_tiles(path, "fp16", 2, 8)["downs.0.block1.conv1"].mt == 3
+    doc = json.loads(path.read_text())
+    del doc["tiles"]["downs.0.block1.conv1"]["mt"]
+    path.write_text(json.dumps(doc))
+    assert load_tiles(path, "fp16", 2, 8)["downs.0.block1.conv1"].mt == 1
 
 
 def test_a_tuning_file_for_other_conditions_or_a_bad_tile_is_refused(weights, tmp_path):
@@ -187,7 +237,7 @@ def test_halo_tiles_give_way_to_the_builtin_tile_without_cp_async(weights, monke
     assert keys and not any(k.halo or k.stages for k in keys)
 
 
-@pytest.mark.parametrize("kind", ["halo", "k slices"])
+@pytest.mark.parametrize("kind", ["halo", "k slices", "M tiles per CTA"])
 def test_tile_variant_rounds_launch_the_kind_they_test(kind):
     """tests/gpu/test_gpu_tile_variants.py counts the launches of each round's kind by symbol
     suffix. The GroupNorm fold added `_f` to those symbols (session 16), and the pattern no longer
@@ -207,7 +257,7 @@ def test_tile_variant_rounds_launch_the_kind_they_test(kind):
             syms = tv.halo_symbols(ex, kind)
         assert len(syms) == len(tiles), (len(syms), len(tiles))
         found += syms
-    assert any(s.endswith("_f") for s in found), "some launches of the kind are folded"
+    assert any(re.search(r"_f(_p)?$", s) for s in found), "some launches of the kind are folded"
 
 
 def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_path, monkeypatch):

@@ -10,7 +10,9 @@ executor of that batch on that GPU uses them (`--out-dir` writes elsewhere).
 Method: every candidate tile of every op is compiled into one module (one NVRTC build); round r
 builds an executor whose ops each take their r-th candidate and times every GEMM/gate launch alone
 (a CUDA graph of 20 back-to-back launches, median of 3 windows; tools/bench_unet.per_op_times).
-Then the split-K factor of each op's best tile is timed the same way. Last, the whole call is timed
+Then the split-K factor of each op's best tile is timed the same way, and with `--mt` each count of
+M tiles per CTA of the best tile of every conv that can run several (kernels/conv_pipe.cu PERSIST;
+no split-K with them). Last, the whole call is timed
 as a graph replay with the heuristic tiles and with the tuned ones, side by side, and the eps of
 the two are compared (relative L2; the tiles change the summation order only).
 """
@@ -31,8 +33,9 @@ from bench_unet import bench_weights, per_op_times, timed  # noqa: E402
 from runtime.gpu.backend import get_backend  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, device_sm_count, view_layout  # noqa: E402
 from runtime.gpu.ops import Ctx, op_spec  # noqa: E402
-from runtime.gpu.tuning import candidates, dump_tiles, file_name, k_segments, tiles_dirs, tunable, with_splits  # noqa: E402
-from runtime.plan import build_plan  # noqa: E402
+from runtime.gpu.tuning import (candidates, dump_tiles, file_name, k_segments, tiles_dirs,  # noqa: E402
+                                tunable, with_mts, with_splits)
+from runtime.plan import CONV, build_plan  # noqa: E402
 
 
 def graph_ms(ex, backend, x, iters: int = 100) -> float:
@@ -56,20 +59,27 @@ def time_rounds(weights, precision, batch, backend, rounds, names, extra) -> dic
     return seen
 
 
-def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict, ksegs: dict, out_dir: Path) -> dict:
+def as_rounds(cands: dict) -> list:
+    """Round r: every op's r-th candidate (ops with fewer sit out)."""
+    width = max((len(c) for c in cands.values()), default=0)
+    return [{n: c[r] for n, c in cands.items() if r < len(c)} for r in range(width)]
+
+
+def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict, ksegs: dict, mts: dict,
+         out_dir: Path) -> dict:
+    """mts: {op: [M tiles per CTA to try]} for the ops that can run several."""
     names = list(cands)
-    width = max(len(c) for c in cands.values())
-    rounds = [{n: cands[n][r] for n in names if r < len(cands[n])} for r in range(width)]
-    print(f"b{batch}: {len(names)} ops, {width} tile rounds", flush=True)
+    rounds = as_rounds(cands)
+    print(f"b{batch}: {len(names)} ops, {len(rounds)} tile rounds", flush=True)
     seen = time_rounds(weights, precision, batch, backend, rounds, names, extra)
     best = {n: min(seen[n], key=lambda r: r[0]) for n in names}
     heur = {n: seen[n][0][0] for n in names}   # candidate 0 is the heuristic's tile
-    split_c = {n: [t for t in with_splits(best[n][1], ksegs[n]) if t != best[n][1]] for n in names}
-    width = max(len(c) for c in split_c.values())
-    rounds = [{n: split_c[n][r] for n in names if r < len(split_c[n])} for r in range(width)]
-    print(f"b{batch}: {width} split-K rounds", flush=True)
-    for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra).items():
-        best[n] = min([best[n]] + rs, key=lambda r: r[0])
+    for label, variants in (("split-K", lambda n, t: with_splits(t, ksegs[n])),
+                            ("M tiles per CTA", lambda n, t: with_mts(t, mts.get(n, ())))):
+        rounds = as_rounds({n: [t for t in variants(n, best[n][1]) if t != best[n][1]] for n in names})
+        print(f"b{batch}: {len(rounds)} {label} rounds", flush=True)
+        for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra).items():
+            best[n] = min([best[n]] + rs, key=lambda r: r[0])
     tiles = {n: best[n][1] for n in names}
 
     cfg = weights.config
@@ -84,7 +94,8 @@ def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict,
     for n in sorted(names, key=lambda n: heur[n] - best[n][0], reverse=True):
         t = best[n][1]
         print(f"  {heur[n]:7.2f} -> {best[n][0]:7.2f}  {n:28s} {t.bm}x{t.bn}x{t.bk} {t.wm}x{t.wn} "
-              f"{'h' if t.halo else 's'}{t.stages}{f' k{t.ks}' if t.ks > 1 else ''} split {t.splits or '-'}")
+              f"{'h' if t.halo else 's'}{t.stages}{f' k{t.ks}' if t.ks > 1 else ''}"
+              f"{f' mt{t.mt}' if t.mt > 1 else ''} split {t.splits or '-'}")
     sms = device_sm_count(backend)
     meta = {"device": backend.device_name(), "sms": sms, "precision": precision, "config": cfg.to_dict(),
             "batch": batch, "graph_ms_heuristic": base_ms, "graph_ms_tuned": tuned_ms, "eps_rel_l2": rel,
@@ -103,6 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default="", help="where the tuning files go (default: where the executor looks, "
                     "$JETSON_UNET_TILES or ~/.cache/jetson-unet/tiles)")
     ap.add_argument("--json", default="", help="also write the measurements to this JSON file")
+    ap.add_argument("--mt", type=int, nargs="*", default=[], metavar="N",
+                    help="also time N M tiles per CTA of each conv's best cp.async tile (e.g. --mt 2 4)")
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
     weights, _ = bench_weights()
@@ -112,17 +125,19 @@ def main(argv=None) -> int:
     per_batch, extra = {}, set()
     for b in args.batch:   # every candidate of every batch in one module: one NVRTC build for all rounds
         ctx = Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan))
-        cands, ksegs = {}, {}
+        cands, ksegs, mts = {}, {}, {}
         for op in plan.ops:
             if not tunable(op, ctx):
                 continue
             cands[op.out] = candidates(op, ctx)
-            for t in cands[op.out]:
-                spec = op_spec(op, Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan),
-                                       tiles={op.out: t}))
-                extra.add(spec.key)
+            mts[op.out] = args.mt if op.kind == CONV else []
+            for t in cands[op.out]:   # and its kernel with several M tiles per CTA (one for every count)
+                for tt in [t] + with_mts(t, mts[op.out])[:1]:
+                    spec = op_spec(op, Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan),
+                                           tiles={op.out: tt}))
+                    extra.add(spec.key)
             ksegs[op.out] = k_segments(op, ctx)
-        per_batch[b] = (cands, ksegs)
+        per_batch[b] = (cands, ksegs, mts)
     extra = sorted(extra, key=lambda k: k.symbol)
     print(f"device: {backend.device_name()} ({sms} SMs); {len(extra)} candidate kernels", flush=True)
     t0 = time.perf_counter()

@@ -147,6 +147,7 @@ class TileChoice:
     splits: int = 0      # 0: choose_splits decides
     halo: int = 0        # 1: the halo conv (kernels/conv_halo.cu) with `stages` weight slots
     ks: int = 1          # k slices of the cp.async conv (ConvKey.ks)
+    mt: int = 1          # M tiles per CTA of the cp.async conv (> 1: ConvKey.persist, no split-K)
 
 
 # ---- tile choice ----------------------------------------------------------------------------------
@@ -298,6 +299,7 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (not key.halo and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
         (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
         (key.fold and not fold_fits(key), "a folded GroupNorm"),
+        (key.persist and not (sliced and key.ks == 1 and not key.gate), "several M tiles per CTA"),
     ]
     bad = [msg for cond, msg in problems if cond]
     if bad:
@@ -355,8 +357,11 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
         return None
     stages = t.stages if ctx.conv_stages else 0
     tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk, stages=stages, halo=bool(t.halo),
-                                ks=t.ks if stages else 1, nsplit=key.gate and t.bn < n)
+                                ks=t.ks if stages else 1, nsplit=key.gate and t.bn < n,
+                                persist=bool(stages and t.mt > 1))
     check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
+    if tuned.persist and t.splits > 1:
+        raise ConfigError(f"tuned tile of {name}: {t.mt} M tiles per CTA with split-K {t.splits} (one or the other)")
     bad = (halo_problems(tuned, geom) if geom else ["a gate"]) if tuned.halo else []
     if bad:
         raise ConfigError(f"tuned tile of {name}: halo conv {tuned.symbol} is not supported ({'; '.join(bad)})")
@@ -552,7 +557,8 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         blobs["gn_b"] = padded(gn_b, xt.channels)
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
-    grid = (mtiles * splits, ntiles, ctx.batch)
+    # several M tiles per CTA (kernels/conv_pipe.cu PERSIST): CTA g runs tiles g, g + grid.x, ...
+    grid = (cdiv(mtiles, ctx.tiles[op.out].mt) if key.persist else mtiles * splits, ntiles, ctx.batch)
     # (normalized: 8 * Cin bytes for the table; a folded norm uses 2 * Cin of them)
     smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else 8 * xt.channels if op.norm else 0
     act = {"none": 0, "gelu": 1}[op.act]
@@ -594,7 +600,8 @@ def split_k(blobs: Dict[str, np.ndarray], mtiles: int, ntiles: int, nk: int, key
     """Splits, workspace bytes; adds the zeroed tickets (gemm_workspace) to the op's blobs."""
     t = ctx.tiles.get(name)
     tiles = mtiles * ntiles
-    splits = min(t.splits, nk) if (t and t.splits) else choose_splits(nk, tiles * ctx.batch, ctx.sms)
+    splits = (1 if key.persist else min(t.splits, nk) if (t and t.splits) else
+              choose_splits(nk, tiles * ctx.batch, ctx.sms))
     ws, ctr = gemm_workspace(ctx.batch, mtiles, ntiles, splits, key.bm, key.bn, key.gate)
     if ctr:
         blobs["counters"] = np.zeros(ctr, dtype=np.int32)

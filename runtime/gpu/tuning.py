@@ -5,9 +5,9 @@ of ops.choose_tile's guess.
 A tuning file belongs to one (model config, device, SM count, precision, batch): tiles that win on
 an H100 at batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made
 for other ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "config",
-"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo, ks}}, ...measurements}; halo (the
-halo conv, kernels/conv_halo.cu) and ks (k slices of the cp.async conv) may be absent (0, 1) in
-files written before they existed.
+"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo, ks, mt}}, ...measurements}; halo (the
+halo conv, kernels/conv_halo.cu), ks (k slices of the cp.async conv) and mt (its M tiles per CTA)
+may be absent (0, 1, 1) in files written before they existed.
 
 Where the executor finds them (`find_tiles`, unless told otherwise): $JETSON_UNET_TILES, else
 ~/.cache/jetson-unet/tiles (where `tools/tune_tiles.py` writes by default), then the files shipped
@@ -142,6 +142,15 @@ def with_splits(t: TileChoice, segments: List[int]) -> List[TileChoice]:
     return [dataclasses.replace(t, splits=s) for s in SPLITS if s <= max(1, nk // 2)]
 
 
+def with_mts(t: TileChoice, mts: Sequence[int]) -> List[TileChoice]:
+    """`t` with each count of M tiles per CTA (> 1; ops.TileChoice.mt) where its kernel can run
+    several: the cp.async conv without k slices (not the halo conv; gates are the caller's to leave
+    out); no split-K with them."""
+    if not t.stages or t.halo or t.ks != 1:
+        return []
+    return [dataclasses.replace(t, mt=m, splits=1) for m in mts if m > 1]
+
+
 def dump_tiles(path: Path, tiles: Mapping[str, TileChoice], meta: Mapping[str, Any]) -> None:
     doc = dict(meta)
     doc["format"] = FORMAT
@@ -158,7 +167,7 @@ def load_tiles(path: Path, precision: str, batch: int, sms: int, config: Any = N
     try:
         doc = json.loads(path.read_text())
         tiles = {str(k): TileChoice(**{f: int(v[f]) for f in ("bm", "bn", "wm", "wn", "bk", "stages", "splits")},
-                                    halo=int(v.get("halo", 0)), ks=int(v.get("ks", 1)))
+                                    halo=int(v.get("halo", 0)), ks=int(v.get("ks", 1)), mt=int(v.get("mt", 1)))
                  for k, v in doc["tiles"].items()}
         made = (str(doc["precision"]), int(doc["batch"]), int(doc["sms"]))
     except OSError as e:
