@@ -286,6 +286,14 @@ class Problem:
         return out, st_part
 
 
+def reference_run(lib, k: ConvKey, shape: dict, what: str):
+    """The problem of `shape` and the (outputs, partials) of the kernel every other is compared with."""
+    prob = Problem(k, **shape)
+    want = prob.run(lib, k)
+    assert not np.isnan(values(want[0], k.dtype)).any(), f"{what} kernel left outputs unwritten"
+    return prob, want
+
+
 def assert_same_bits(got, want, what: str) -> None:
     """Two runs' (outputs, GroupNorm partials), bit for bit."""
     diff = np.argwhere(got[0] != want[0])
@@ -296,9 +304,7 @@ def assert_same_bits(got, want, what: str) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_pipelined_equals_stock_bit_for_bit(emu_lib, case):
     _, stock, pipes, shape = case
-    prob = Problem(stock, **shape)
-    want = prob.run(emu_lib, stock)
-    assert not np.isnan(values(want[0], stock.dtype)).any(), "stock kernel left outputs unwritten"
+    prob, want = reference_run(emu_lib, stock, shape, "stock")
     for k in pipes:
         assert_same_bits(prob.run(emu_lib, k), want, f"{k.symbol} against {stock.symbol}")
 
@@ -324,9 +330,7 @@ def test_k_slices_equal_stock_within_output_rounding(emu_lib, case):
 @pytest.mark.parametrize("case", PERSIST_CASES, ids=[c[0] for c in PERSIST_CASES])
 def test_several_m_tiles_per_cta_equal_one_bit_for_bit(emu_lib, case):
     _, one, mts, shape = case
-    prob = Problem(one, **shape)
-    want = prob.run(emu_lib, one)
-    assert not np.isnan(values(want[0], one.dtype)).any(), "one-tile kernel left outputs unwritten"
+    prob, want = reference_run(emu_lib, one, shape, "one-tile")
     assert not np.isnan(want[1]).any(), "one-tile kernel left GroupNorm partials unwritten"
     assert ops.cdiv(prob.m, one.bm) > 1, "the case must have several M tiles"
     k = persist(one)
