@@ -8,8 +8,9 @@
 # Cold on an H100 (session 20) the GPU tests took ~520 s: ~270 s without the tile variants, ~250 s
 # for them (every halo / k-sliced tile the tuner may pick, op by op); on a cold H200 (session 24)
 # gpu-tests alone passed 450 s at 43 of 65 tests (NVRTC builds; 96 s warm). Under a 10-minute limit
-# per command (the lent machines), run STEPS=gpu-tests, then STEPS="jetson-archs tile-variants", then
-# STEPS="tile-mt pycuda-tests" (tile-mt: the kernels with several M tiles per CTA, session 26).
+# per command (the lent machines), run STEPS=gpu-tests, STEPS=tile-variants, STEPS=tile-mt (the
+# kernels with several M tiles per CTA, session 26), then STEPS="jetson-archs pycuda-tests". On a
+# cold H100 (session 27) tile-variants' op-by-op half took 360 s and tile-mt's first three tests 300 s.
 set -u
 OUT=${OUT:-out/gpu-suite}
 mkdir -p "$OUT"
@@ -31,9 +32,9 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >>"$LOG" 2>&1
 step gpu-tests 580 env GPU_REPORT="$OUT/gpu-report.txt" python3 -m pytest -m gpu tests/gpu -q -rs \
   --ignore=tests/gpu/test_gpu_pycuda.py --ignore=tests/gpu/test_gpu_tile_variants.py
-step tile-variants 450 env GPU_REPORT="$OUT/gpu-report-tiles.txt" python3 -m pytest -m gpu \
+step tile-variants 580 env GPU_REPORT="$OUT/gpu-report-tiles.txt" python3 -m pytest -m gpu \
   tests/gpu/test_gpu_tile_variants.py -q -rs -k "not CTA"
-step tile-mt 300 env GPU_REPORT="$OUT/gpu-report-tiles-mt.txt" python3 -m pytest -m gpu \
+step tile-mt 480 env GPU_REPORT="$OUT/gpu-report-tiles-mt.txt" python3 -m pytest -m gpu \
   tests/gpu/test_gpu_tile_variants.py -q -rs -k CTA
 # The Jetson archs from this machine: the shipped model's modules built for sm_87 (nvcc, SASS arch
 # checked) and for sm_72 through a CUDA 11/12 NVRTC (skips unless $JETSON_UNET_NVRTC or
