@@ -115,11 +115,19 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
         assert launched[op.out].grid[0] == -(-size ** 2 // t.bm)   # one split: each costs more in the model
 
 
-def test_tuner_times_several_m_tiles_per_cta_where_asked(weights, tmp_path, monkeypatch):
+def test_variant_summary_says_where_a_kind_won_and_how_near_it_came():
+    rec = {"a": {"without": 10.0, "best": 11.0}, "b": {"without": 10.0, "best": 9.0},
+           "c": {"without": 20.0, "best": 21.0}}
+    assert tune_tiles.variant_summary(16, "M tiles per CTA", rec) == (
+        "b16 M tiles per CTA: faster on 1 of 3 ops; its best against the op's best without it: "
+        "median +5.0% (-10.0% .. +10.0%)")
+
+
+def test_tuner_times_several_m_tiles_per_cta_where_asked(weights, tmp_path, monkeypatch, capsys):
     """--mt: each conv's best cp.async tile also with 2 and 4 M tiles per CTA (kernels/conv_pipe.cu
     PERSIST); in this model those kernels cost less, so every conv whose best tile can run them takes
     them (4 where that means fewer CTAs than 2), without split-K, and the executor launches them on
-    that grid; gates and halo tiles never."""
+    that grid; gates and halo tiles never. The log and the file say, per op, how the kind compared."""
     fake = TimedFake(lambda sym, grid: cost_us(sym, grid) - (0.5 if sym.endswith("_p") else 0.0))
     monkeypatch.setattr(tune_tiles, "get_backend", lambda name: fake)
     assert tune_tiles.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path), "--mt", "2", "4"]) == 0
@@ -127,6 +135,9 @@ def test_tuner_times_several_m_tiles_per_cta_where_asked(weights, tmp_path, monk
     tiles = load_tiles(path, "fp16", 2, 8, weights.config)
     plan = build_plan(weights.config)
     several = {n: t for n, t in tiles.items() if t.mt > 1}
+    tried = json.loads(path.read_text())["variant_us"]["M tiles per CTA"]
+    assert set(several) == set(tried) and all(r["best"] < r["without"] for r in tried.values())
+    assert f"b2 M tiles per CTA: faster on {len(several)} of {len(several)} ops" in capsys.readouterr().out
     assert several and all(t.splits == 1 and not t.halo and t.ks == 1 for t in several.values())
     mtiles = {n: -(-plan.tensors[n].size ** 2 // t.bm) for n, t in several.items()}
     assert all(t.mt == (4 if -(-mtiles[n] // 4) < -(-mtiles[n] // 2) else 2) for n, t in several.items())

@@ -12,7 +12,8 @@ builds an executor whose ops each take their r-th candidate and times every GEMM
 (a CUDA graph of 20 back-to-back launches, median of 3 windows; tools/bench_unet.per_op_times).
 Then the split-K factor of each op's best tile is timed the same way, and with `--mt` each count of
 M tiles per CTA of the best tile of every conv that can run several (kernels/conv_pipe.cu PERSIST;
-no split-K with them). Last, the whole call is timed
+no split-K with them); for each of these two kinds one line says on how many ops it won and how near
+its best came on the others (the file's "variant_us"). Last, the whole call is timed
 as a graph replay with the heuristic tiles and with the tuned ones, side by side, and the eps of
 the two are compared (relative L2; the tiles change the summation order only).
 """
@@ -65,6 +66,14 @@ def as_rounds(cands: dict) -> list:
     return [{n: c[r] for n, c in cands.items() if r < len(c)} for r in range(width)]
 
 
+def variant_summary(batch: int, label: str, rec: dict) -> str:
+    """One line: on how many ops a variant kind won, and the spread of its best time against each
+    op's best without it (negative: faster)."""
+    pct = sorted(100.0 * (r["best"] / r["without"] - 1.0) for r in rec.values())
+    return (f"b{batch} {label}: faster on {sum(p < 0 for p in pct)} of {len(pct)} ops; its best against the "
+            f"op's best without it: median {pct[len(pct) // 2]:+.1f}% ({pct[0]:+.1f}% .. {pct[-1]:+.1f}%)")
+
+
 def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict, ksegs: dict, mts: dict,
          out_dir: Path) -> dict:
     """mts: {op: [M tiles per CTA to try]} for the ops that can run several."""
@@ -74,12 +83,20 @@ def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict,
     seen = time_rounds(weights, precision, batch, backend, rounds, names, extra)
     best = {n: min(seen[n], key=lambda r: r[0]) for n in names}
     heur = {n: seen[n][0][0] for n in names}   # candidate 0 is the heuristic's tile
+    variant_us = {}   # {kind: {op: {"without": us, "best": us}}}: how near a kind came where it lost
     for label, variants in (("split-K", lambda n, t: with_splits(t, ksegs[n])),
                             ("M tiles per CTA", lambda n, t: with_mts(t, mts.get(n, ())))):
         rounds = as_rounds({n: [t for t in variants(n, best[n][1]) if t != best[n][1]] for n in names})
         print(f"b{batch}: {len(rounds)} {label} rounds", flush=True)
+        rec = variant_us[label] = {}
         for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra).items():
-            best[n] = min([best[n]] + rs, key=lambda r: r[0])
+            if rs:
+                top = min(rs, key=lambda r: r[0])
+                rec[n] = {"without": best[n][0], "best": top[0]}
+                if top[0] < best[n][0]:
+                    best[n] = top
+        if rec:
+            print(variant_summary(batch, label, rec), flush=True)
     tiles = {n: best[n][1] for n in names}
 
     cfg = weights.config
@@ -99,7 +116,7 @@ def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict,
     sms = device_sm_count(backend)
     meta = {"device": backend.device_name(), "sms": sms, "precision": precision, "config": cfg.to_dict(),
             "batch": batch, "graph_ms_heuristic": base_ms, "graph_ms_tuned": tuned_ms, "eps_rel_l2": rel,
-            "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names},
+            "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names}, "variant_us": variant_us,
             "measured_by": "python3 tools/tune_tiles.py " + " ".join(sys.argv[1:])}
     path = out_dir / file_name(meta["device"], sms, precision, batch)
     dump_tiles(path, tiles, meta)
