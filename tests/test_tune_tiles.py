@@ -22,7 +22,8 @@ from runtime.errors import ConfigError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, view_layout  # noqa: E402
 from runtime.gpu.kernels import KernelSet  # noqa: E402
-from runtime.gpu.tuning import SHIPPED, builtin_tiles, candidates, load_tiles, tunable  # noqa: E402
+from runtime.gpu.tuning import (SHIPPED, builtin_tiles, candidates, k_segments, load_tiles, tunable,  # noqa: E402
+                                with_splits)
 from runtime.plan import build_plan  # noqa: E402
 from runtime.weights import load_weights  # noqa: E402
 
@@ -113,6 +114,65 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
         assert f"_{t.bm}x{t.bn}x{t.bk}_{t.wm}x{t.wn}_" in launched[op.out].fn.symbol
         size = plan.tensors[op.inputs[1] if op.kind == "gate" else op.out].size
         assert launched[op.out].grid[0] == -(-size ** 2 // t.bm)   # one split: each costs more in the model
+
+
+def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, monkeypatch):
+    """A tile shape that loses at the heuristic's split can win at another (session 28: an H100's
+    32x64 conv at split 1 against the 32x32 picked): the split-K rounds take each op's 3 fastest
+    shapes, so here every op whose 32x32 tile can split in two takes it so."""
+    def model(t):   # plain 64x32 fastest at the heuristic split; 32x32 second, and fastest of all split in 2
+        if (t.bm, t.bn) == (32, 32):
+            return 0.5 if t.splits == 2 else 1.5
+        return 1.0 if (t.bm, t.bn, t.halo, t.ks) == (64, 32, 0, 1) else 2.0 + 0.01 * t.bm
+
+    def fake_rounds(weights, precision, batch, backend, rounds, names, extra):
+        seen = {n: [] for n in names}
+        for tiles in rounds:
+            for n, t in tiles.items():
+                seen[n].append((model(t), t))
+        return seen
+
+    fake = TimedFake()   # one for both runs: its kernels are cached by backend name
+    monkeypatch.setattr(tune_tiles, "time_rounds", fake_rounds)
+    monkeypatch.setattr(tune_tiles, "get_backend", lambda name: fake)
+    assert tune_tiles.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path)]) == 0
+    tiles = load_tiles(tmp_path / "tiles-fake-8sm-fp16-b2.json", "fp16", 2, 8, weights.config)
+    plan = build_plan(weights.config)
+    ctx = ops.Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
+    checked = 0
+    for op in plan.ops:
+        if not tunable(op, ctx):
+            continue
+        small = [t for t in candidates(op, ctx) if (t.bm, t.bn) == (32, 32)]
+        shapes = {(t.bm, t.bn, t.wm, t.wn, t.halo, t.ks) for t in candidates(op, ctx)}
+        if not small or len(shapes) < 2:
+            continue
+        t = tiles[op.out]
+        if any(v.splits == 2 for v in with_splits(small[0], k_segments(op, ctx))):
+            assert ((t.bm, t.bn), t.splits) == ((32, 32), 2), op.out
+            checked += 1
+        else:
+            assert (t.bm, t.bn) != (32, 32), op.out
+    assert checked > 5
+    # with only the fastest shape timed over its splits, the 32x32 tile never gets its chance
+    assert tune_tiles.main(["--precision", "fp16", "--batch", "2", "--split-top", "1", "--out-dir",
+                            str(tmp_path)]) == 0
+    tiles = load_tiles(tmp_path / "tiles-fake-8sm-fp16-b2.json", "fp16", 2, 8, weights.config)
+    assert not any((t.bm, t.bn) == (32, 32) for t in tiles.values())
+
+
+def test_top_shapes_takes_the_fastest_variant_of_each_shape():
+    a, a2 = ops.TileChoice(32, 32, 2, 2, 64, 3), ops.TileChoice(32, 32, 2, 2, 32, 4)
+    b, c = ops.TileChoice(64, 32, 2, 2, 64, 3), ops.TileChoice(64, 32, 2, 2, 64, 3, halo=1)
+    timings = [(3.0, a2), (1.0, b), (2.0, a), (4.0, c)]
+    assert tune_tiles.top_shapes(timings, 2) == [b, a]
+    assert tune_tiles.top_shapes(timings, 5) == [b, a, c]
+
+
+def test_split_top_below_one_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        tune_tiles.main(["--split-top", "0"])
+    assert e.value.code == 2 and "--split-top must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_variant_summary_says_where_a_kind_won_and_how_near_it_came():

@@ -10,7 +10,9 @@ executor of that batch on that GPU uses them (`--out-dir` writes elsewhere).
 Method: every candidate tile of every op is compiled into one module (one NVRTC build); round r
 builds an executor whose ops each take their r-th candidate and times every GEMM/gate launch alone
 (a CUDA graph of 20 back-to-back launches, median of 3 windows; tools/bench_unet.per_op_times).
-Then the split-K factor of each op's best tile is timed the same way, and with `--mt` each count of
+Then the split-K factors of each op's fastest few tile shapes (`--split-top`, default 3) are timed the
+same way (a tile that loses at the heuristic's split can win at another: session 28 of
+docs/perf-notes.md), and with `--mt` each count of
 M tiles per CTA of the best tile of every conv that can run several (kernels/conv_pipe.cu PERSIST;
 no split-K with them); for each of these two kinds one line says on how many ops it won and how near
 its best came on the others (the file's "variant_us"). Last, the whole call is timed
@@ -74,9 +76,22 @@ def variant_summary(batch: int, label: str, rec: dict) -> str:
             f"op's best without it: median {pct[len(pct) // 2]:+.1f}% ({pct[0]:+.1f}% .. {pct[-1]:+.1f}%)")
 
 
+def top_shapes(timings: list, n: int) -> list:
+    """The fastest variant of each of the n fastest tile shapes (BM, BN, warps, halo, k slices) of an
+    op's [(us, TileChoice)], fastest first."""
+    out, shapes = [], set()
+    for _us, t in sorted(timings, key=lambda r: r[0]):
+        shape = (t.bm, t.bn, t.wm, t.wn, t.halo, t.ks)
+        if shape not in shapes and len(out) < n:
+            shapes.add(shape)
+            out.append(t)
+    return out
+
+
 def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict, ksegs: dict, mts: dict,
-         out_dir: Path) -> dict:
-    """mts: {op: [M tiles per CTA to try]} for the ops that can run several."""
+         out_dir: Path, split_top: int = 3) -> dict:
+    """mts: {op: [M tiles per CTA to try]} for the ops that can run several; split_top: how many of
+    each op's fastest tile shapes get the split-K rounds."""
     names = list(cands)
     rounds = as_rounds(cands)
     print(f"b{batch}: {len(names)} ops, {len(rounds)} tile rounds", flush=True)
@@ -84,9 +99,10 @@ def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict,
     best = {n: min(seen[n], key=lambda r: r[0]) for n in names}
     heur = {n: seen[n][0][0] for n in names}   # candidate 0 is the heuristic's tile
     variant_us = {}   # {kind: {op: {"without": us, "best": us}}}: how near a kind came where it lost
-    for label, variants in (("split-K", lambda n, t: with_splits(t, ksegs[n])),
-                            ("M tiles per CTA", lambda n, t: with_mts(t, mts.get(n, ())))):
-        rounds = as_rounds({n: [t for t in variants(n, best[n][1]) if t != best[n][1]] for n in names})
+    kinds = (("split-K", lambda n: [v for t in top_shapes(seen[n], split_top) for v in with_splits(t, ksegs[n])]),
+             ("M tiles per CTA", lambda n: with_mts(best[n][1], mts.get(n, ()))))   # of the best after split-K
+    for label, variants in kinds:
+        rounds = as_rounds({n: [t for t in variants(n) if t != best[n][1]] for n in names})
         print(f"b{batch}: {len(rounds)} {label} rounds", flush=True)
         rec = variant_us[label] = {}
         for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra).items():
@@ -131,9 +147,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default="", help="where the tuning files go (default: where the executor looks, "
                     "$JETSON_UNET_TILES or ~/.cache/jetson-unet/tiles)")
     ap.add_argument("--json", default="", help="also write the measurements to this JSON file")
+    ap.add_argument("--split-top", type=int, default=3, metavar="N",
+                    help="time the split-K factors of each op's N fastest tile shapes (default 3)")
     ap.add_argument("--mt", type=int, nargs="*", default=[], metavar="N",
                     help="also time N M tiles per CTA of each conv's best cp.async tile (e.g. --mt 2 4)")
     args = ap.parse_args(argv)
+    if args.split_top < 1:
+        ap.error(f"--split-top must be at least 1, got {args.split_top}")   # exit 2, before any GPU work
     backend = get_backend("cupy")
     weights, _ = bench_weights()
     out_dir = Path(args.out_dir) if args.out_dir else tiles_dirs()[0]
@@ -160,7 +180,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     GpuExecutor(weights, args.precision, batch=1, backend=backend, tiles={}, extra_keys=extra).close()
     print(f"module built in {time.perf_counter() - t0:.1f} s", flush=True)
-    results = [tune(weights, args.precision, b, backend, extra, *per_batch[b], out_dir) for b in args.batch]
+    results = [tune(weights, args.precision, b, backend, extra, *per_batch[b], out_dir, args.split_top)
+               for b in args.batch]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0
