@@ -16,9 +16,10 @@
 //   padding), commit_group per k-tile, wait_group STAGES-2, one barrier per k-tile; ldmatrix +
 //   mma.sync m16n8k16 through conv.cu's mma_ktile. sm_80+ only (valid on sm_87); nothing of Hopper.
 // Smem: a ring of STAGES x (A[BM][BK] + B[BN][BK]) 16-bit tiles, XOR-swizzled (SwizzledTile)
-//   instead of padded; the host (ops.pipe_tile) keeps the ring <= 40 KB so that ring + GroupNorm
-//   scale/shift + scratch stays under the 48 KB of static + dynamic smem that needs no opt-in, and
-//   two CTAs fit on an SM with 100 KB.
+//   instead of padded; the built-in tiles (ops.pipe_tile) keep the ring <= 40 KB so that ring +
+//   GroupNorm scale/shift + scratch stays under the 48 KB of static + dynamic smem that needs no
+//   opt-in, and two CTAs fit on an SM with 100 KB. A larger ring (a tuner candidate: DEEP_RING
+//   below) lives in dynamic smem after the GroupNorm table, with the opt-in (ops.pipe_smem).
 // GroupNorm: cp.async cannot transform data in flight. Two ways were open: (a) normalize in smem
 //   after the wait, each thread the vectors it copied, before the barrier the loop has anyway; (b)
 //   apply scale/shift to the fragments after ldmatrix. (b) repeats the work WN (or WM) times, one
@@ -177,6 +178,17 @@ __device__ __forceinline__ void slice_exchange(const float (&acc)[MF][NF][4], fl
 // before the current tile's epilogue, so their latency overlaps it. No split-K, k slices or gates
 // (the host checks). Why: the set-up is a latency chain per CTA (session 19's knockouts: the
 // GroupNorm prologue alone 65 us per batch-16 call), and every CTA starts with an empty pipeline.
+// A ring of more than DEEP_RING bytes (ops.PIPE_RING_LIMIT) lives in dynamic smem: after the GroupNorm
+// table (8 * Cin bytes when normalized), at a 128-byte boundary (the swizzle's; the host adds the
+// slack). Why: the bytes a CTA has in flight are bounded by its ring, and the static ring stops at
+// 48 KB of static + dynamic smem; deeper rings (BK 64 on 64x64 tiles, 128x128 tiles) trade CTAs
+// per SM for k-tiles in flight (docs/perf-notes.md, session 28).
+#define DEEP_RING (40 * 1024)
+template <class S> __device__ __forceinline__ S *dyn_ring(int table_bytes) {
+    const size_t p = reinterpret_cast<size_t>(reinterpret_cast<char *>(dyn_smem) + table_bytes);
+    return reinterpret_cast<S *>((p + 127) & ~(size_t)127);
+}
+
 template <bool MUTABLE, class X> struct ConstUnless { typedef const X T; };
 template <class X> struct ConstUnless<true, X> { typedef X T; };
 
@@ -191,7 +203,10 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     static_assert(!PERSIST || (KS == 1 && !GATE), "several M tiles per CTA: convs without k slices");
     constexpr int NT = 32 * WM * WN * KS;
     // the ring: STAGES A tiles, then STAGES B tiles (one array: the k slices' exchange reuses all of it)
-    __shared__ __align__(128) S ring[STAGES * (BM + BN) * BK];
+    constexpr int RING = STAGES * (BM + BN) * BK;
+    constexpr bool DEEP = RING * (int)sizeof(S) > DEEP_RING;
+    __shared__ __align__(128) S ring_static[DEEP ? 8 : RING];
+    S *const ring = DEEP ? dyn_ring<S>(gn_part ? 8 * Cin : 0) : ring_static;
     S(*As)[BM * BK] = reinterpret_cast<S(*)[BM * BK]>(ring);
     S(*Bs)[BN * BK] = reinterpret_cast<S(*)[BN * BK]>(ring + STAGES * BM * BK);
     __shared__ float red[33];   // block_sum scratch (the statistics epilogue)
@@ -438,7 +453,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     if constexpr (KS == 1) {
         conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
     } else {
-        static_assert(sizeof(ring) >= 4u * BM * BN * (KS - 1), "the slices' exchange fits in the ring");
+        static_assert(RING * sizeof(S) >= 4u * BM * BN * (KS - 1), "the slices' exchange fits in the ring");
         __syncthreads();   // every warp is done with the ring
         float mine[MF][NF / KS][4];
         slice_exchange<MF, NF, KS>(acc, mine, reinterpret_cast<float *>(ring), wm * WN + wn, slice, lane);

@@ -85,18 +85,24 @@ def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, 
 # (name, stock key, pipelined keys, shape). Shapes: Hin, Cin, N, Cr (residual K segment), batch,
 # and which epilogue features are on.
 CASES = [
+    # deep rings (ops.deep_ring: past 40 KB, in dynamic smem after the GroupNorm table): 64x64x64 s3 here
+    # and below, 128x128x32 s3 over 8 warps, 32x64x64 s4 (up2, gate)
     ("3x3-norm-tbias-gelu-res", key(64, 64, 32), [key(64, 64, 32, stages=3), key(64, 64, 64, stages=2),
-                                                 key(64, 64, 32, stages=4)],
+                                                 key(64, 64, 32, stages=4), key(64, 64, 64, stages=3)],
      dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
-    ("up2-norm-residual-conv", key(32, 64, 64, up=2), [key(32, 64, 64, up=2, stages=3)],
+    ("3x3-deep-ring-128x128", key(128, 128, 32, wm=4, wn=2), [key(128, 128, 32, stages=3, wm=4, wn=2)],
+     dict(hin=12, cin=32, n=136, cr=0, batch=2, norm=True, tbias=True, act=1)),
+    ("up2-norm-residual-conv", key(32, 64, 64, up=2), [key(32, 64, 64, up=2, stages=3),
+                                                      key(32, 64, 64, up=2, stages=4)],
      dict(hin=6, cin=16, n=32, cr=24, batch=2, norm=True)),
     ("unshuffle2", key(64, 32, 64, kh=2, st=2), [key(64, 32, 64, kh=2, st=2, stages=3)],
      dict(hin=16, cin=8, n=32, cr=0, batch=1)),
     ("1x1-bf16-128x64", key(128, 64, 32, kh=1, dtype="bf16"), [key(128, 64, 32, kh=1, dtype="bf16", stages=3)],
      dict(hin=16, cin=48, n=64, cr=0, batch=1, norm=True, act=1)),
-    ("split-k", key(64, 64, 32), [key(64, 64, 32, stages=3)],
+    ("split-k", key(64, 64, 32), [key(64, 64, 32, stages=3), key(64, 64, 64, stages=3)],
      dict(hin=8, cin=64, n=64, cr=16, batch=2, norm=True, splits=3)),
-    ("gate", key(32, 64, 32, kh=1, gate=True), [key(32, 64, 32, kh=1, gate=True, stages=3)],
+    ("gate", key(32, 64, 32, kh=1, gate=True), [key(32, 64, 32, kh=1, gate=True, stages=3),
+                                                key(32, 64, 64, kh=1, gate=True, stages=4)],
      dict(hin=10, cin=40, n=40, cr=24, batch=2, gate=True)),
 ]
 
@@ -108,7 +114,8 @@ SLICE_CASES = [
     ("3x3-norm-tbias-gelu-res", key(64, 64, 32), [key(32, 32, 64, stages=3, ks=2), key(32, 32, 32, stages=3, ks=2),
                                                  key(32, 64, 64, stages=3, ks=4), key(64, 64, 32, stages=4, ks=2)],
      dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
-    ("split-k", key(64, 64, 32), [key(32, 32, 64, stages=3, ks=2), key(64, 64, 32, stages=3, ks=2)],
+    ("split-k", key(64, 64, 32), [key(32, 32, 64, stages=3, ks=2), key(64, 64, 32, stages=3, ks=2),
+                                  key(64, 64, 64, stages=3, ks=2)],
      dict(hin=8, cin=64, n=64, cr=16, batch=2, norm=True, splits=3)),
     ("up2-norm-residual-conv", key(32, 64, 64, up=2), [key(32, 64, 64, up=2, stages=3, ks=2)],
      dict(hin=6, cin=16, n=32, cr=24, batch=2, norm=True)),
@@ -132,6 +139,8 @@ SLICE_CASES = [
 PERSIST_CASES = [
     ("3x3-norm-tbias-gelu-res", key(64, 64, 32, stages=3), (2, 3, 4),
      dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
+    ("3x3-deep-ring-folded", key(64, 64, 64, stages=3, fold=True), (2, 3),
+     dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, act=1)),
     ("3x3-folded-4-stages", key(64, 64, 32, stages=4, fold=True), (2, 3),
      dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, act=1)),
     ("3x3-folded-unrolled-128x64", key(128, 64, 32, stages=3, wm=4, fold=True), (2, 3),

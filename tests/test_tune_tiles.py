@@ -21,7 +21,7 @@ from fakes import FakeBackend  # noqa: E402
 from runtime.errors import ConfigError  # noqa: E402
 from runtime.gpu import ops  # noqa: E402
 from runtime.gpu.executor import GpuExecutor, view_layout  # noqa: E402
-from runtime.gpu.kernels import KernelSet  # noqa: E402
+from runtime.gpu.kernels import ConvKey, KernelSet  # noqa: E402
 from runtime.gpu.tuning import (SHIPPED, builtin_tiles, candidates, k_segments, load_tiles, tunable,  # noqa: E402
                                 with_splits)
 from runtime.plan import build_plan  # noqa: E402
@@ -278,24 +278,33 @@ def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
                 ops.op_spec(op, ctx)   # raises ConfigError on an unsupported tile
 
 
-def test_shipped_halo_tiles_launch_with_the_smem_opt_in(weights):
-    """The H100 batch-16 tiles pick the halo conv (kernels/conv_halo.cu) for many ops: each such launch
-    asks for more than the 48 KB of dynamic smem that need no opt-in, so the executor must raise the
-    kernel's limit first (the fake, like the driver, refuses a launch past it), and stay within the
-    budget that leaves two CTAs per sm_87 SM."""
-    path = SHIPPED / "tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b16.json"
-    tiles = load_tiles(path, "fp16", 16, 132, weights.config)
-    halo_ops = {name for name, t in tiles.items() if t.halo}
-    assert halo_ops
-    with GpuExecutor(weights, "fp16", batch=16, backend=FakeBackend(sms=132), tiles=tiles) as ex:
-        launched = {L.name: L for L in ex.launches}
-        src = ex.kernels.source
-        ex.run(ex.stream)
-    for name in halo_ops:
-        L = launched[name]
-        assert L.fn.symbol.endswith(("_h3", "_h3_f")) and f"CONV_HALO_INSTANCE({L.fn.symbol}," in src
-        assert L.smem <= ops.HALO_SMEM_LIMIT and L.smem <= L.fn.max_dynamic_shared
-    assert any(launched[n].smem > ops.SMEM_LIMIT for n in halo_ops)
+def test_shipped_tiles_past_48_kb_launch_with_the_smem_opt_in(weights):
+    """The batch-16 files pick kernels whose shared memory goes past the 48 KB (static + dynamic) that
+    need no opt-in: the halo conv (kernels/conv_halo.cu; the H200's file) and the cp.async conv with
+    its ring in dynamic smem (ops.deep_ring; the H100's since session 28). The executor must raise
+    each such kernel's limit first (the fake, like the driver, refuses a launch past it), and they
+    stay within the budgets that leave two CTAs per sm_87 SM."""
+    kinds = set()
+    for path in sorted(SHIPPED.glob("tiles-*-b16.json")):
+        tiles = load_tiles(path, "fp16", 16, 132, weights.config)
+        with GpuExecutor(weights, "fp16", batch=16, backend=FakeBackend(sms=132), tiles=tiles) as ex:
+            launched = {L.name: L for L in ex.launches}
+            src = ex.kernels.source
+            ex.run(ex.stream)
+            for s in ex.specs:
+                k, L = s.key, launched[s.op.out]
+                if not isinstance(k, ConvKey) or not (k.halo or ops.deep_ring(k)):
+                    continue
+                kinds.add("halo" if k.halo else "deep")
+                if k.halo:
+                    assert L.fn.symbol.endswith(("_h3", "_h3_f")) and f"CONV_HALO_INSTANCE({L.fn.symbol}," in src
+                    assert L.smem <= ops.HALO_SMEM_LIMIT, (path.name, s.op.out)
+                else:
+                    assert ops.pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages) < L.smem <= ops.PIPE_DEEP_LIMIT
+                    assert f"CONV_PIPE_INSTANCE({L.fn.symbol}," in src
+                if L.smem + ops.PIPE_SCRATCH > ops.SMEM_LIMIT:
+                    assert L.fn.opted_in >= L.smem, (path.name, s.op.out, L.smem)
+    assert kinds == {"halo", "deep"}
 
 
 def test_halo_tiles_give_way_to_the_builtin_tile_without_cp_async(weights, monkeypatch):
@@ -308,7 +317,7 @@ def test_halo_tiles_give_way_to_the_builtin_tile_without_cp_async(weights, monke
     assert keys and not any(k.halo or k.stages for k in keys)
 
 
-@pytest.mark.parametrize("kind", ["halo", "k slices", "M tiles per CTA"])
+@pytest.mark.parametrize("kind", ["halo", "k slices", "M tiles per CTA", "deep ring"])
 def test_tile_variant_rounds_launch_the_kind_they_test(kind):
     """tests/gpu/test_gpu_tile_variants.py counts the launches of each round's kind by symbol
     suffix. The GroupNorm fold added `_f` to those symbols (session 16), and the pattern no longer

@@ -3,14 +3,15 @@
 # Jetson, a workstation). Every step has its own time limit; all output goes to one log under
 # $OUT (default out/gpu-suite) plus the JSON/PNG results, so a cut-off run still reports.
 #   OUT=/tmp/x bash tools/gpu_suite.sh            # everything
-#   QUICK=1 bash tools/gpu_suite.sh               # tests only (gpu-tests, tile-variants, tile-mt, jetson-archs)
+#   QUICK=1 bash tools/gpu_suite.sh               # tests only (gpu-tests, tile-variants, tile-deep, tile-mt, jetson-archs)
 #   STEPS="gpu-tests jetson-archs" bash tools/gpu_suite.sh   # the named steps only
 # Cold on an H100 (session 20) the GPU tests took ~520 s: ~270 s without the tile variants, ~250 s
 # for them (every halo / k-sliced tile the tuner may pick, op by op); on a cold H200 (session 24)
 # gpu-tests alone passed 450 s at 43 of 65 tests (NVRTC builds; 96 s warm). Under a 10-minute limit
-# per command (the lent machines), run STEPS=gpu-tests, STEPS=tile-variants, STEPS=tile-mt (the
-# kernels with several M tiles per CTA, session 26), then STEPS="jetson-archs pycuda-tests". On a
-# cold H100 (session 27) tile-variants' op-by-op half took 360 s and tile-mt's first three tests 300 s.
+# per command (the lent machines), run STEPS=gpu-tests, STEPS=tile-variants, STEPS=tile-deep (the
+# cp.async conv with its ring in dynamic smem, session 28), STEPS=tile-mt (the kernels with several M
+# tiles per CTA, session 26), then STEPS="jetson-archs pycuda-tests". On a cold H100 (session 27)
+# tile-variants' op-by-op half took 360 s and tile-mt's first three tests 300 s.
 set -u
 OUT=${OUT:-out/gpu-suite}
 mkdir -p "$OUT"
@@ -20,8 +21,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then   # wheels carried to a machine without a
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 LOG="$OUT/all.log"
-if [ -n "${QUICK:-}" ]; then STEPS=${STEPS:-gpu-tests tile-variants tile-mt jetson-archs}; fi
-STEPS=${STEPS:-gpu-tests tile-variants tile-mt jetson-archs sample bench-sampling jetson-bench pycuda-tests roofline}
+if [ -n "${QUICK:-}" ]; then STEPS=${STEPS:-gpu-tests tile-variants tile-deep tile-mt jetson-archs}; fi
+STEPS=${STEPS:-gpu-tests tile-variants tile-deep tile-mt jetson-archs sample bench-sampling jetson-bench pycuda-tests roofline}
 step() {
   local name=$1 limit=$2; shift 2
   case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
@@ -33,7 +34,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >
 step gpu-tests 580 env GPU_REPORT="$OUT/gpu-report.txt" python3 -m pytest -m gpu tests/gpu -q -rs \
   --ignore=tests/gpu/test_gpu_pycuda.py --ignore=tests/gpu/test_gpu_tile_variants.py
 step tile-variants 580 env GPU_REPORT="$OUT/gpu-report-tiles.txt" python3 -m pytest -m gpu \
-  tests/gpu/test_gpu_tile_variants.py -q -rs -k "not CTA"
+  tests/gpu/test_gpu_tile_variants.py -q -rs -k "not CTA and not deep"
+step tile-deep 480 env GPU_REPORT="$OUT/gpu-report-tiles-deep.txt" python3 -m pytest -m gpu \
+  tests/gpu/test_gpu_tile_variants.py -q -rs -k deep
 step tile-mt 480 env GPU_REPORT="$OUT/gpu-report-tiles-mt.txt" python3 -m pytest -m gpu \
   tests/gpu/test_gpu_tile_variants.py -q -rs -k CTA
 # The Jetson archs from this machine: the shipped model's modules built for sm_87 (nvcc, SASS arch

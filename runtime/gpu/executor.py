@@ -26,7 +26,7 @@ from ..reference import Reference
 from . import launch_ex, memory
 from .backend import get_backend
 from .kernels import KernelSet, notice
-from .ops import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec,
+from .ops import (ELEM_BYTES, PIPE_SCRATCH, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, all_tile_keys, from_device, op_spec,
                   storage_dtype, to_device)
 from .tuning import builtin_tiles_notice, find_tiles
 
@@ -189,9 +189,11 @@ class GpuExecutor:
         want = launch_ex.pdl_from_env() if pdl is None else bool(pdl)
         self.pdl = want and bool(getattr(self.backend, "supports_pdl", lambda: False)())
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol), pdl=self.pdl)
-        big: Dict[str, int] = {}   # the halo conv's dynamic smem goes past the 48 KB that need no opt-in
+        # the halo conv's and a deep cp.async ring's dynamic smem go past the 48 KB of static + dynamic
+        # that need no opt-in (static: at most PIPE_SCRATCH beside them)
+        big: Dict[str, int] = {}
         for s in self.specs:
-            if s.smem > SMEM_LIMIT:
+            if s.smem + PIPE_SCRATCH > SMEM_LIMIT:
                 big[s.symbol] = max(big.get(s.symbol, 0), s.smem)
         for symbol, nbytes in big.items():
             self.kernels[symbol].set_max_dynamic_shared(nbytes)

@@ -31,7 +31,8 @@ GATE_MAX_N = 256
 STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # cp.async ring depth of the GEMM conv (0: off)
 DEFAULT_STAGES = 3                                   # docs/perf-notes.md: s3 = s4 > s6 > s0 on an H100
 MAX_STAGES = 6
-PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most
+PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most (DEEP_RING)
+PIPE_DEEP_LIMIT = 76 * 1024                          # a deeper ring's dynamic smem (+ table): 2 CTAs per sm_87 SM
 PIPE_SCRATCH = 3 * 1024                              # its other static smem (reductions, gate, epilogue operands)
 GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, last, epilogue operands)
 HALO_SMEM_LIMIT = 76 * 1024                          # conv_halo.cu's dynamic smem: 2 CTAs per sm_87 SM (164 KB)
@@ -273,6 +274,18 @@ def pipe_tile(precision: str, bm: int, bn: int, vec: int, gate: bool, stages: in
     return max(fits, key=lambda f: ((f[1] - 1) * f[0], -f[1])) if fits else None
 
 
+def deep_ring(key: ConvKey) -> bool:
+    """Whether the cp.async conv's ring lives in dynamic smem (kernels/conv_pipe.cu DEEP_RING): past
+    PIPE_RING_LIMIT, a tuner candidate only (the built-in tiles keep pipe_tile's static rings)."""
+    return bool(key.stages) and not key.halo and pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) > PIPE_RING_LIMIT
+
+
+def pipe_smem(key: ConvKey, table: int) -> int:
+    """Dynamic smem of the cp.async conv: the GroupNorm table (`table` bytes), then a deep ring at a
+    128-byte boundary (kernels/conv_pipe.cu dyn_ring)."""
+    return table + (128 + pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) if deep_ring(key) else 0)
+
+
 def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
     """A tile the kernels can instantiate (their static_asserts and the smem budget, in Python), so a
     bad tuning entry is a one-line ConfigError rather than an NVRTC failure."""
@@ -296,7 +309,9 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (not tc and (key.bm % 16 or (key.bn // max(nt // 16, 1)) % 4), "FFMA thread tile"),
         (key.stages and (not tc or key.vec != VEC_MAX[key.dtype] or not 2 <= key.stages <= MAX_STAGES),
          f"cp.async stages {key.stages}"),
-        (not key.halo and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
+        (not key.halo and not deep_ring(key) and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
+        (deep_ring(key) and pipe_smem(key, dyn_smem) > PIPE_DEEP_LIMIT,
+         f"{pipe_smem(key, dyn_smem)} B of dynamic shared memory"),
         (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
         (key.fold and not fold_fits(key), "a folded GroupNorm"),
         (key.persist and not (sliced and key.ks == 1 and not key.gate), "several M tiles per CTA"),
@@ -560,7 +575,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     # several M tiles per CTA (kernels/conv_pipe.cu PERSIST): CTA g runs tiles g, g + grid.x, ...
     grid = (cdiv(mtiles, ctx.tiles[op.out].mt) if key.persist else mtiles * splits, ntiles, ctx.batch)
     # (normalized: 8 * Cin bytes for the table; a folded norm uses 2 * Cin of them)
-    smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else 8 * xt.channels if op.norm else 0
+    smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else pipe_smem(key, 8 * xt.channels if op.norm else 0)
     act = {"none": 0, "gelu": 1}[op.act]
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
@@ -657,7 +672,7 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
                 P(out_ptr), I(size), I(size), I(g), I(ldo), P(0), I(0),
                 P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits, ws_bytes))
 
-    return OpSpec(op, key, grid, (key.threads, 1, 1), 0, blobs, make_args, 0, ws_bytes)
+    return OpSpec(op, key, grid, (key.threads, 1, 1), pipe_smem(key, 0), blobs, make_args, 0, ws_bytes)
 
 
 # ---- depthwise 7x7, init_conv, final_conv -------------------------------------------------------

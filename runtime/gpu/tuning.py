@@ -79,10 +79,16 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
         variants = []
         if pipe:
             for stages in range(3, min(4, MAX_STAGES) + 1):
+                # the deepest static ring; at 3 stages also each deeper one (BK 64 over a static BK 32,
+                # or a tile no static ring fits) in dynamic smem (ops.deep_ring; check_key keeps those
+                # that fit)
                 budget = min(PIPE_RING_LIMIT, SMEM_LIMIT - PIPE_SCRATCH - dyn)
-                bk = next((b for b in (64, 32) if pipe_ring_bytes(bm, bn, b, stages) <= budget), 0)
-                if bk:
-                    variants.append((bk, stages))
+                for bk in (64, 32):
+                    static = pipe_ring_bytes(bm, bn, bk, stages) <= budget
+                    if static or stages == 3:
+                        variants.append((bk, stages))
+                    if static:
+                        break
         else:
             variants = [(64, 0), (32, 0)] if tc else [(16, 0)]
         for bk, stages in variants:

@@ -34,9 +34,11 @@ class FakeFunction:
     def __init__(self, log: List[Any], symbol: str, backend: Any = None) -> None:
         self.log, self.symbol, self.backend = log, symbol, backend
         self.max_dynamic_shared = 48 * 1024
+        self.opted_in = 0   # the largest limit asked for (the driver needs it where static + dynamic > 48 KB)
 
     def set_max_dynamic_shared(self, nbytes: int) -> None:
         self.max_dynamic_shared = max(self.max_dynamic_shared, int(nbytes))
+        self.opted_in = max(self.opted_in, int(nbytes))
 
     def launch(self, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple[Any, ...],
                shared_mem: int = 0, stream: Any = None, kind: str = "plain") -> None:

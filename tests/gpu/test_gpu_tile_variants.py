@@ -1,6 +1,7 @@
 """The tile variants the tuner may pick beyond the built-in kernels, on the GPU: the halo conv
-(kernels/conv_halo.cu), the k-sliced cp.async conv (kernels/conv_pipe.cu, ConvKey.ks) and the one
-that runs several M tiles per CTA (ConvKey.persist; tools/tune_tiles.py --mt). Every op
+(kernels/conv_halo.cu), the k-sliced cp.async conv (kernels/conv_pipe.cu, ConvKey.ks), the one
+that runs several M tiles per CTA (ConvKey.persist; tools/tune_tiles.py --mt) and the cp.async conv
+whose ring lives in dynamic smem (ops.deep_ring). Every op
 each can run, with every such tile the tuner would time (tools/tune_tiles.py candidates) and with
 split-K, against the float64 reference op by op (test_gpu_ops.check_all_ops: teacher forcing,
 NaN-poisoned outputs); then a whole batch-16 call with those tiles wherever they apply against the

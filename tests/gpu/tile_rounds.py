@@ -7,7 +7,7 @@ import dataclasses
 import re
 
 from runtime.gpu.executor import view_layout
-from runtime.gpu.ops import Ctx, op_spec
+from runtime.gpu.ops import PIPE_RING_LIMIT, Ctx, op_spec, pipe_ring_bytes
 from runtime.gpu.tuning import candidates, tunable, with_mts
 from runtime.plan import CONV, build_plan
 
@@ -19,10 +19,22 @@ def mt_variants(cands: list, op) -> list:
     return two[:6] + [dataclasses.replace(two[0], mt=3)] if two else []
 
 
-# kind -> (its variants of an op's candidates, the symbol suffix of its kernels, also with split-K)
-KINDS = {"halo": (lambda c, op: [t for t in c if t.halo], r"_h\d+(_f)?$", True),
-         "k slices": (lambda c, op: [t for t in c if t.ks > 1], r"_k\d+(_f)?$", True),
-         "M tiles per CTA": (mt_variants, r"_p$", False)}
+def deep(bm: int, bn: int, bk: int, stages: int) -> bool:
+    """A cp.async ring past the static limit: in dynamic smem (ops.deep_ring)."""
+    return pipe_ring_bytes(bm, bn, bk, stages) > PIPE_RING_LIMIT
+
+
+def deep_symbol(symbol: str) -> bool:
+    m = re.search(r"_(\d+)x(\d+)x(\d+)_\d+x\d+_v\d+_s(\d+)(_k\d+)?(_f)?(_p)?$", symbol)
+    return bool(m) and deep(*(int(g) for g in m.groups()[:4]))
+
+
+# kind -> (its variants of an op's candidates, whether a kernel symbol is of the kind, also with split-K)
+KINDS = {"halo": (lambda c, op: [t for t in c if t.halo], re.compile(r"_h\d+(_f)?$").search, True),
+         "k slices": (lambda c, op: [t for t in c if t.ks > 1], re.compile(r"_k\d+(_f)?$").search, True),
+         "M tiles per CTA": (mt_variants, re.compile(r"_p$").search, False),
+         "deep ring": (lambda c, op: [t for t in c if t.stages and not t.halo and deep(t.bm, t.bn, t.bk, t.stages)],
+                       deep_symbol, True)}
 
 
 def halo_rounds(weights, precision: str, batch: int, sms: int, kind: str = "halo"):
@@ -43,4 +55,4 @@ def halo_rounds(weights, precision: str, batch: int, sms: int, kind: str = "halo
 
 
 def halo_symbols(ex, kind: str = "halo") -> list:
-    return [L.fn.symbol for L in ex.launches if re.search(KINDS[kind][1], L.fn.symbol)]
+    return [L.fn.symbol for L in ex.launches if KINDS[kind][1](L.fn.symbol)]
