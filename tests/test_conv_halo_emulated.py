@@ -87,7 +87,8 @@ def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tm
     """The halo tiles, the k-sliced cp.async tiles and the gate tiles (the whole N in one CTA or
     split over 2-4) the tuner may pick (default config, batch 1 and 16) for Orin's sm_87: no
     spills, and registers that leave two CTAs per SM (the halo conv's smem budget,
-    HALO_SMEM_LIMIT, allows two)."""
+    HALO_SMEM_LIMIT, allows two). Those with a deep ring (ops.deep_ring) have their own test, which
+    allows a few bytes of spills (test_conv_pipelined_cpu.py)."""
     import shutil
 
     from runtime.config import UNetConfig
@@ -111,6 +112,8 @@ def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tm
                 for t in candidates(op, ctx):
                     if picked(op, t):
                         spec = ops.op_spec(op, dataclasses.replace(ctx, tiles={op.out: t}))
+                        if ops.deep_ring(spec.key):   # spills allowed: test_conv_pipelined_cpu's deep-ring test
+                            continue
                         assert not t.halo or spec.smem <= ops.HALO_SMEM_LIMIT, (spec.key.symbol, spec.smem)
                         keys.add(spec.key)
     assert keys and (kind != "gate" or any(k.nsplit for k in keys))
