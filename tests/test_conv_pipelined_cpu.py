@@ -288,6 +288,17 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
 DEEP_SPILL_MAX = 64
 
 
+def test_kernel_and_host_agree_on_where_a_ring_is_deep():
+    """kernels/conv_pipe.cu moves a ring past DEEP_RING bytes into dynamic smem; the host sizes the
+    launch's dynamic smem by ops.deep_ring, whose limit is PIPE_RING_LIMIT: one number, twice."""
+    src = (kernels_dir() / "conv_pipe.cu").read_text()
+    m = re.search(r"#define DEEP_RING \((\d+) \* 1024\)", src)
+    assert m and int(m.group(1)) * 1024 == ops.PIPE_RING_LIMIT
+    k = ConvKey("fp16", 64, 64, 64, 2, 2, 3, 1, 1, 8, False, 3)
+    assert ops.deep_ring(k) and not ops.deep_ring(dataclasses.replace(k, bk=32))
+    assert ops.pipe_smem(k, 512) == 512 + 128 + ops.pipe_ring_bytes(64, 64, 64, 3)
+
+
 @pytest.mark.slow
 def test_deep_ring_candidates_compile_for_sm87(tmp_path):
     """Every deep-ring tile the tuner may time (ops.deep_ring: the ring in dynamic smem) builds for

@@ -274,10 +274,15 @@ def pipe_tile(precision: str, bm: int, bn: int, vec: int, gate: bool, stages: in
     return max(fits, key=lambda f: ((f[1] - 1) * f[0], -f[1])) if fits else None
 
 
+def deep(bm: int, bn: int, bk: int, stages: int) -> bool:
+    """A cp.async ring past PIPE_RING_LIMIT: it lives in dynamic smem (kernels/conv_pipe.cu DEEP_RING)."""
+    return bool(stages) and pipe_ring_bytes(bm, bn, bk, stages) > PIPE_RING_LIMIT
+
+
 def deep_ring(key: ConvKey) -> bool:
-    """Whether the cp.async conv's ring lives in dynamic smem (kernels/conv_pipe.cu DEEP_RING): past
-    PIPE_RING_LIMIT, a tuner candidate only (the built-in tiles keep pipe_tile's static rings)."""
-    return bool(key.stages) and not key.halo and pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) > PIPE_RING_LIMIT
+    """Whether the cp.async conv of `key` has a deep ring: a tuner candidate only (the built-in tiles
+    keep pipe_tile's static rings)."""
+    return not key.halo and deep(key.bm, key.bn, key.bk, key.stages)
 
 
 def pipe_smem(key: ConvKey, table: int) -> int:

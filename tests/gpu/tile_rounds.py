@@ -7,7 +7,7 @@ import dataclasses
 import re
 
 from runtime.gpu.executor import view_layout
-from runtime.gpu.ops import PIPE_RING_LIMIT, Ctx, op_spec, pipe_ring_bytes
+from runtime.gpu.ops import Ctx, deep, op_spec
 from runtime.gpu.tuning import candidates, tunable, with_mts
 from runtime.plan import CONV, build_plan
 
@@ -17,11 +17,6 @@ def mt_variants(cands: list, op) -> list:
     first of them also with 3; none for gates."""
     two = [v for t in cands if t.stages == 3 for v in with_mts(t, (2,))] if op.kind == CONV else []
     return two[:6] + [dataclasses.replace(two[0], mt=3)] if two else []
-
-
-def deep(bm: int, bn: int, bk: int, stages: int) -> bool:
-    """A cp.async ring past the static limit: in dynamic smem (ops.deep_ring)."""
-    return pipe_ring_bytes(bm, bn, bk, stages) > PIPE_RING_LIMIT
 
 
 def deep_symbol(symbol: str) -> bool:
