@@ -116,6 +116,7 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
         assert launched[op.out].grid[0] == -(-size ** 2 // t.bm)   # one split: each costs more in the model
 
 
+@pytest.mark.slow   # ~10-20 s of tuner rounds on the fake; the Python 3.8 run keeps the tuner's first test
 def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, monkeypatch):
     """A tile shape that loses at the heuristic's split can win at another (session 28: an H100's
     32x64 conv at split 1 against the 32x32 picked): the split-K rounds take each op's 3 fastest
@@ -183,6 +184,7 @@ def test_variant_summary_says_where_a_kind_won_and_how_near_it_came():
         "median +5.0% (-10.0% .. +10.0%)")
 
 
+@pytest.mark.slow   # ~10-20 s of tuner rounds on the fake; the Python 3.8 run keeps the tuner's first test
 def test_tuner_times_several_m_tiles_per_cta_where_asked(weights, tmp_path, monkeypatch, capsys):
     """--mt: each conv's best cp.async tile also with 2 and 4 M tiles per CTA (kernels/conv_pipe.cu
     PERSIST); in this model those kernels cost less, so every conv whose best tile can run them takes
