@@ -82,10 +82,10 @@ def top_shapes(timings: list, n: int) -> list:
     out, shapes = [], set()
     for _us, t in sorted(timings, key=lambda r: r[0]):
         shape = (t.bm, t.bn, t.wm, t.wn, t.halo, t.ks)
-        if shape not in shapes and len(out) < n:
+        if shape not in shapes:
             shapes.add(shape)
             out.append(t)
-    return out
+    return out[:n]
 
 
 def tune(weights, precision: str, batch: int, backend, extra: list, cands: dict, ksegs: dict, mts: dict,

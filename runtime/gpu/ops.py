@@ -300,6 +300,7 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
     ap = cdiv(key.bm, rpp) if rpp else 0
     bvec = key.bn * key.bk // vb
     sliced = key.stages and not key.halo   # the cp.async conv: k slices, spare B-copy threads
+    dyn_ring = deep_ring(key)              # its ring in dynamic smem, with its own budget
     # k slices: each takes whole n-fragment column groups and k steps; their exchange fits in the ring
     ks_ok = (sliced and key.ks in (2, 4) and (key.bn // key.wn // 8) % key.ks == 0 and (key.bk // 16) % key.ks == 0
              and 4 * key.bm * key.bn * (key.ks - 1) <= pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages))
@@ -314,9 +315,8 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (not tc and (key.bm % 16 or (key.bn // max(nt // 16, 1)) % 4), "FFMA thread tile"),
         (key.stages and (not tc or key.vec != VEC_MAX[key.dtype] or not 2 <= key.stages <= MAX_STAGES),
          f"cp.async stages {key.stages}"),
-        (not key.halo and not deep_ring(key) and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
-        (deep_ring(key) and pipe_smem(key, dyn_smem) > PIPE_DEEP_LIMIT,
-         f"{pipe_smem(key, dyn_smem)} B of dynamic shared memory"),
+        (not key.halo and not dyn_ring and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
+        (dyn_ring and pipe_smem(key, dyn_smem) > PIPE_DEEP_LIMIT, f"{pipe_smem(key, dyn_smem)} B of dynamic shared memory"),
         (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
         (key.fold and not fold_fits(key), "a folded GroupNorm"),
         (key.persist and not (sliced and key.ks == 1 and not key.gate), "several M tiles per CTA"),
