@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -279,9 +279,9 @@ def deep(bm: int, bn: int, bk: int, stages: int) -> bool:
     return bool(stages) and pipe_ring_bytes(bm, bn, bk, stages) > PIPE_RING_LIMIT
 
 
-def deep_ring(key: ConvKey) -> bool:
-    """Whether the cp.async conv of `key` has a deep ring: a tuner candidate only (the built-in tiles
-    keep pipe_tile's static rings)."""
+def deep_ring(key: Union[ConvKey, TileChoice]) -> bool:
+    """Whether the cp.async conv of `key` (or of a tuning choice) has a deep ring: a tuner candidate
+    only (the built-in tiles keep pipe_tile's static rings)."""
     return not key.halo and deep(key.bm, key.bn, key.bk, key.stages)
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import re
 
 from runtime.gpu.executor import view_layout
-from runtime.gpu.ops import Ctx, deep, op_spec
+from runtime.gpu.ops import Ctx, deep, deep_ring, op_spec
 from runtime.gpu.tuning import candidates, tunable, with_mts
 from runtime.plan import CONV, build_plan
 
@@ -28,8 +28,7 @@ def deep_symbol(symbol: str) -> bool:
 KINDS = {"halo": (lambda c, op: [t for t in c if t.halo], re.compile(r"_h\d+(_f)?$").search, True),
          "k slices": (lambda c, op: [t for t in c if t.ks > 1], re.compile(r"_k\d+(_f)?$").search, True),
          "M tiles per CTA": (mt_variants, re.compile(r"_p$").search, False),
-         "deep ring": (lambda c, op: [t for t in c if t.stages and not t.halo and deep(t.bm, t.bn, t.bk, t.stages)],
-                       deep_symbol, True)}
+         "deep ring": (lambda c, op: [t for t in c if deep_ring(t)], deep_symbol, True)}
 
 
 def halo_rounds(weights, precision: str, batch: int, sms: int, kind: str = "halo"):
