@@ -3,6 +3,7 @@ occur exactly once: a kernel edit that moves one fails here, not on the device),
 kernels come out of git, the table's differences, and the usage errors."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -128,3 +129,29 @@ def test_env_variants_run_the_working_tree_with_the_setting(tmp_path, monkeypatc
     last = capsys.readouterr().out.splitlines()
     row = next(line for line in last if line.startswith("env JETSON_UNET_DW_TC=1") and " 1 " in line)
     assert row.split()[-1] == "10.0"
+
+
+def test_per_op_summary_gives_each_ops_median_saving_and_the_sums():
+    ops = {"working tree": [{16: {"a": 10.0, "b": 4.0}}, {16: {"a": 12.0, "b": 4.0}}],
+           "kloop": [{16: {"a": 5.0, "b": 3.0}}, {16: {"a": 5.0, "b": 3.0}}]}
+    lines = K.per_op_summary(ops, "working tree", top=1)
+    assert any(line.startswith("batch 16") for line in [x.strip() for x in lines])
+    row_a = next(line for line in lines if line.startswith("a "))
+    assert row_a.split()[1:] == ["11.0", "6.0"]               # median 11 alone; kloop saves 6
+    assert not any(line.startswith("b ") for line in lines)   # only the top 1
+    total = next(line for line in lines if line.startswith("sum of 2 ops"))
+    assert total.split()[-2:] == ["15.0", "7.0"]
+
+
+def test_main_per_op_reads_every_rounds_launch_times(tmp_path, monkeypatch, capsys):
+    def fake_bench(tree, args, out, env=()):
+        assert args.per_op == 5
+        fast = "kloop" in str(tree)
+        out.write_text(json.dumps([{"batch": 16, "graph_ms": 0.5, "per_op_us": {"conv": 3.0 if fast else 9.0}}]))
+        return {16: 0.5}
+
+    monkeypatch.setattr(K, "bench", fake_bench)
+    monkeypatch.setattr(K.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "w"))
+    assert K.main(["kloop", "--batches", "16", "--per-op", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert next(line for line in out if line.startswith("conv ")).split()[1:] == ["9.0", "6.0"]

@@ -119,7 +119,7 @@ def bench_ours(weights, precision: str, batch: int, args, backend, stages: int =
             "launches": ex.launches_per_call, "build_s": build_s, "arena": rep["text"],
             "arena_bytes": rep["arena_bytes"], "weights_bytes": rep["weights_bytes"],
             "precision": precision, "conv_stages": stages, "tiles": ex.tiles_from or "built-in", "_eps": eps,
-            "_per_op": ops_t}
+            "_per_op": ops_t, "per_op_us": per_op_sums(ops_t)}
 
 
 def compare_variants(rows: list, per_op: int) -> None:
@@ -144,6 +144,14 @@ def compare_variants(rows: list, per_op: int) -> None:
             for name, (sym, us) in sorted(times[0].items(), key=lambda kv: -kv[1][1])[:per_op]:
                 others = " / ".join(f"{t[name][1]:7.2f}" for t in times[1:] if name in t)
                 print(f"    {us:7.2f} / {others}  {name:28s} {times[-1].get(name, (sym,))[0]}")
+
+
+def per_op_sums(ops_t: list) -> dict:
+    """{op name: us} from per_op_times' rows, an op's launches summed (empty when not timed)."""
+    out: dict = {}
+    for name, _sym, _grid, us in ops_t:
+        out[name] = out.get(name, 0.0) + us
+    return out
 
 
 def per_op_times(ex, backend, reps: int = 20, windows: int = 3, only=None) -> list:

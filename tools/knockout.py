@@ -9,6 +9,7 @@ tools/bench_unet.py runs on, a Jetson included.
     python3 tools/knockout.py --ref .device/kbase        # ... vs the kernel files in a folder
     python3 tools/knockout.py --env JETSON_UNET_DW_TC=0  # ... vs itself with a setting changed
     python3 tools/knockout.py --list                     # the knockouts and what each removes
+    python3 tools/knockout.py kloop gn --batches 16 --per-op 20   # ... and per op (each launch alone)
 
 Each variant is a copy of runtime/, kernels/, tools/, weights/ and pyproject.toml in a scratch
 folder, its kernels patched (each knockout is a list of exact replacements in kernels/*.cu; a
@@ -160,10 +161,36 @@ def bench(tree: Path, args: argparse.Namespace, out: Path, env: Sequence[Tuple[s
     environment settings `env` on top of this process's: {batch: graph ms}."""
     cmd = [sys.executable, "tools/bench_unet.py", "--no-torch", "--batches", args.batches, "--precisions",
            args.precision, "--iters", str(args.iters), "--repeats", str(args.repeats), "--json", str(out)]
+    if getattr(args, "per_op", 0):
+        cmd += ["--per-op", "1"]   # every launch timed alone; per_op_rows reads them from `out`
     r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env={**os.environ, **dict(env)})
     if r.returncode != 0:
         raise RuntimeError(f"{tree}: bench_unet failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
     return {row["batch"]: row["graph_ms"] for row in json.loads(out.read_text())}
+
+
+def per_op_rows(out: Path) -> Dict[int, Dict[str, float]]:
+    """{batch: {op: us}} of the launches timed alone, from bench()'s JSON rows."""
+    return {row["batch"]: row["per_op_us"] for row in json.loads(out.read_text())}
+
+
+def per_op_summary(ops: Dict[str, List[Dict[int, Dict[str, float]]]], base: str, top: int) -> List[str]:
+    """Per batch: each op's median us alone in `base` and each variant's median saving on it, the
+    `top` slowest ops of `base`, then the sums over every op."""
+    names = list(ops)
+    lines = []
+    for b in sorted(ops[base][0]):
+        med = {n: {op: statistics.median(r[b][op] for r in ops[n]) for op in ops[n][0][b]} for n in names}
+        lines.append(f"\nbatch {b}, launches timed alone: us in {base}, and what each variant saves")
+        lines.append(f"{'op':28s} {base[:12]:>12s} " + " ".join(f"{n[:12]:>12s}" for n in names[1:]))
+        order = sorted(med[base], key=lambda op: -med[base][op])
+        for op in order[:top]:
+            lines.append(f"{op:28s} {med[base][op]:12.1f} "
+                         + " ".join(f"{med[base][op] - med[n].get(op, float('nan')):12.1f}" for n in names[1:]))
+        tot = {n: sum(med[n].values()) for n in names}
+        lines.append(f"{'sum of ' + str(len(order)) + ' ops':28s} {tot[base]:12.1f} "
+                     + " ".join(f"{tot[base] - tot[n]:12.1f}" for n in names[1:]))
+    return lines
 
 
 def summary(times: Dict[str, List[Dict[int, float]]], base: str) -> List[str]:
@@ -192,6 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="turns each variant takes (default: 2)")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--per-op", type=int, default=0, metavar="N",
+                    help="also time every launch alone in each variant and print the N slowest ops' savings")
     ap.add_argument("--keep", default="", help="build the copies here and keep them (default: a temp folder)")
     ap.add_argument("--json", default="", help="also write {variant: [{batch: ms}, ...]} here")
     args = ap.parse_args(argv)
@@ -225,15 +254,20 @@ def run(args: argparse.Namespace) -> int:
         for text, setting in zip(args.env, envs):
             trees[f"env {text}"] = (ROOT, [setting])
         times: Dict[str, List[Dict[int, float]]] = {name: [] for name in trees}
+        ops: Dict[str, List[Dict[int, Dict[str, float]]]] = {name: [] for name in trees}
         for rnd in range(args.rounds):
             for name, (tree, env) in trees.items():
                 times[name].append(bench(tree, args, work / "rows.json", env))
+                if args.per_op:
+                    ops[name].append(per_op_rows(work / "rows.json"))
                 print(f"round {rnd + 1} {name}: " + ", ".join(f"b{b} {ms:.3f} ms" for b, ms in times[name][-1].items()),
                       flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print("\n".join(summary(times, "working tree")))
+    if args.per_op:
+        print("\n".join(per_op_summary(ops, "working tree", args.per_op)))
     if args.json:
         Path(args.json).write_text(json.dumps({k: [{str(b): ms for b, ms in r.items()} for r in v]
                                                for k, v in times.items()}, indent=1))
