@@ -10,11 +10,15 @@ g + r inputs) is timed, each in a process of its own:
   compiles to mma.sync + ldmatrix + cp.async (the PTX is checked), best of CONFIGS per shape;
 - triton-v3: the same kernel and configs with Triton's default (wgmma on sm_90);
 - cublas: torch.mm on the same operands; cudnn: F.conv2d NHWC fp16 with cudnn.benchmark for the
-  3x3 convs (the convolution the torch peers run).
+  3x3 convs (the convolution the torch peers run), with the name of the kernel it ran (sm90 ones
+  use wgmma);
+- peer-profile: the torch.compile fp16 peer under torch.profiler, GPU time per call by kernel kind.
 
 Each time is a CUDA graph of 20 back-to-back calls, replayed and timed with events (median of 5
-windows), as per_op_times times ours. A dense GEMM does less than our conv (no halo, no GroupNorm,
-no epilogue): the triton-v2 sum is what the k loops alone would cost at Triton's mma.sync speed.
+windows), as per_op_times times ours. The report ends with bounds: our graphed call with every op's
+time replaced by its fastest among ever wider sets of kernels (bounds()). The other kernels do less
+than ours (no GroupNorm, GELU, statistics or residual; the dense GEMMs no im2col, which makes them
+memory-bound where the im2col'd operand outgrows the L2, the 64x64 level at batch 16).
 
     python3 tools/gemm_ceiling.py --batch 16 --json $OUT/ceiling.json
 """
