@@ -41,7 +41,7 @@ def test_bounds_take_each_ops_fastest_and_keep_hopper_kernels_for_the_last_row()
             {"op": "b", "M": 64, "N": 32, "K": 64, "flops": 1e6}]
     res = _res({"a": 10.0, "b": 10.0}, {"a": 8.0, "b": 12.0}, {"a": 7.0, "b": 9.0}, {"a": 9.0, "b": 11.0},
                {"a": 5.0, "b": 6.0}, {"a": ["sm90_xmma_fprop_implicit_gemm"], "b": ["cutlass_tensorop_s16816fprop"]})
-    got = dict(G.bounds(rows, res, lambda c, op: G.value(res, c, op)))
+    got = dict(G.bounds(rows, res))
     assert got["ours"] == 20.0
     assert got["ours, triton-v2 (mma.sync)"] == 8.0 + 10.0
     assert got["ours, triton-v2, cudnn's sm80-class kernels"] == 8.0 + 6.0   # a's cuDNN kernel is sm90: not counted
@@ -59,3 +59,16 @@ def test_bounds_take_each_ops_fastest_and_keep_hopper_kernels_for_the_last_row()
     ("Memset (Device)", "other")])
 def test_peer_kernels_are_grouped_by_kind(name, kind):
     assert G._kind(name) == kind
+
+
+def test_each_shape_is_timed_once_and_its_figures_shared():
+    rows = G.gemm_shapes(UNetConfig(), 16)
+    shapes = G.distinct(rows)
+    assert len(shapes) == len({G.shape_key(r) for r in rows}) < len(rows)
+    first = shapes[0]
+    twin = next(r for r in rows if G.shape_key(r) == G.shape_key(first) and r is not first)
+    result = {"ops": {first["op"]: {"us": 3.0}}, "isa": {"(64, 64)": {"wgmma": 0}}}
+    G.share_by_shape(result, rows)
+    assert result["ops"][twin["op"]] == {"us": 3.0} and set(result["ops"]) == {
+        r["op"] for r in rows if G.shape_key(r) == G.shape_key(first)}
+    assert result["isa"] == {"(64, 64)": {"wgmma": 0}}

@@ -70,6 +70,28 @@ def gemm_shapes(cfg: UNetConfig, batch: int) -> List[Dict]:
     return rows
 
 
+def shape_key(r: Dict) -> tuple:
+    return (r["M"], r["N"], r["K"], r["cin"])
+
+
+def distinct(rows: List[Dict]) -> List[Dict]:
+    """The first row of each GEMM shape: the library jobs time each shape once."""
+    first: Dict[tuple, Dict] = {}
+    for r in rows:
+        first.setdefault(shape_key(r), r)
+    return list(first.values())
+
+
+def share_by_shape(result: Dict, rows: List[Dict]) -> None:
+    """Give every op the figures a library job measured for the first op of its shape."""
+    first = {shape_key(r): r["op"] for r in distinct(rows)}
+    for per_op in result.values():
+        if isinstance(per_op, dict):
+            for r in rows:
+                if first[shape_key(r)] in per_op:
+                    per_op[r["op"]] = per_op[first[shape_key(r)]]
+
+
 def graph_us(fn, reps: int = 20, windows: int = 5) -> float:
     """Median us per call: a CUDA graph of `reps` calls of fn, replayed and timed with events."""
     import torch
@@ -142,12 +164,7 @@ def run_triton(mma: str, rows: List[Dict]) -> Dict:
     if (os.environ.get("DISABLE_MMA_V3") == "1") != (mma == "v2"):
         raise SystemExit(f"triton-{mma}: DISABLE_MMA_V3 is {os.environ.get('DISABLE_MMA_V3')!r}")
     out = {"mma": mma, "device": torch.cuda.get_device_name(), "triton": triton.__version__, "ops": {}, "isa": {}}
-    seen: Dict[Tuple[int, int, int], Optional[Dict]] = {}
     for r in rows:
-        shape = (r["M"], r["N"], r["K"])
-        if shape in seen:   # the same GEMM again: timed once
-            out["ops"][r["op"]] = seen[shape]
-            continue
         a, b = _operands(r)
         ref = (a.float() @ b.float())
         M, N, K = r["M"], r["N"], r["K"]
@@ -179,7 +196,7 @@ def run_triton(mma: str, rows: List[Dict]) -> Dict:
             us = graph_us(call)
             if best is None or us < best[0]:
                 best = (us, cfg)
-        out["ops"][r["op"]] = seen[shape] = {"us": best[0], "cfg": list(best[1])} if best else None
+        out["ops"][r["op"]] = {"us": best[0], "cfg": list(best[1])} if best else None
         print(f"  triton-{mma} {r['op']:24s} M{M} N{N} K{K}: {best[0] if best else float('nan'):.2f} us "
               f"{best[1] if best else ''}", flush=True)
     return out
@@ -192,14 +209,7 @@ def run_torch(rows: List[Dict]) -> Dict:
     torch.backends.cudnn.benchmark = True
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cublas": {}, "cudnn": {},
            "cudnn_kernels": {}}
-    seen: Dict[tuple, str] = {}
     for r in rows:
-        shape = (r["M"], r["N"], r["K"], r["cin"])
-        if shape in seen:   # the same GEMM again: timed once
-            for what in out.values():
-                if isinstance(what, dict) and seen[shape] in what:
-                    what[r["op"]] = what[seen[shape]]
-            continue
         a, b = _operands(r)
         out["cublas"][r["op"]] = graph_us(lambda: torch.mm(a, b))
         if r["cin"]:
@@ -215,7 +225,6 @@ def run_torch(rows: List[Dict]) -> Dict:
                 F.conv2d(x, w, padding=1)
                 torch.cuda.synchronize()
             out["cudnn_kernels"][r["op"]] = sorted({e.key[:120] for e in prof.key_averages()})
-        seen[shape] = r["op"]
     return out
 
 
@@ -272,25 +281,13 @@ def run_peer_profile(batch: int, calls: int = 20) -> Dict:
 
 
 def run_ours(batch: int) -> Dict:
-    """Our launches timed alone (per_op_times), summed per op name."""
-    import numpy as np
+    """Our launches timed alone, summed per op name, and the graphed call (bench_unet.bench_ours)."""
+    from types import SimpleNamespace
     from runtime.gpu.backend import get_backend
-    from runtime.gpu.executor import GpuExecutor
-    from tools.bench_unet import SETTLE_S, bench_weights, per_op_sums, per_op_times, timed
-    backend = get_backend("cupy")
-    ex = GpuExecutor(bench_weights()[0], "fp16", batch=batch, backend=backend)
-    cfg = ex.config
-    x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size))
-    ex.eps(x.astype(np.float32), 50)
-    s, tp = ex.stream, ex.t_row_ptr(50)
-    backend.capture_begin(s)
-    ex.run(s, tp)
-    graph = backend.capture_end(s)
-    call_ms = timed(backend, s, lambda: graph.launch(s), 20, 100, 3, SETTLE_S)
-    ops = per_op_sums(per_op_times(ex, backend))
-    tiles = ex.tiles_from or "built-in"
-    ex.close()
-    return {"ops": ops, "tiles": tiles, "call_ms": call_ms}
+    from tools.bench_unet import bench_ours, bench_weights
+    row = bench_ours(bench_weights()[0], "fp16", batch, SimpleNamespace(warmup=20, iters=100, repeats=3, per_op=1),
+                     get_backend("cupy"))
+    return {"ops": row["per_op_us"], "tiles": row["tiles"], "call_ms": row["graph_ms"]}
 
 
 def value(res: Dict, col: str, op: str) -> Optional[float]:
@@ -308,7 +305,7 @@ def sm90_cudnn(res: Dict, op: str) -> bool:
     return any("sm90" in k for k in res["torch"].get("cudnn_kernels", {}).get(op, []))
 
 
-def bounds(rows: List[Dict], res: Dict, val) -> List[Tuple[str, float]]:
+def bounds(rows: List[Dict], res: Dict) -> List[Tuple[str, float]]:
     """The sum over rows of each op's fastest time among ever wider sets of kernels: what sm_87 can
     run (mma.sync: ours, Triton's, cuDNN's non-sm90 kernels), then everything timed (wgmma too)."""
     sets = (("ours", ("ours",), False), ("ours, triton-v2 (mma.sync)", ("ours", "triton-v2"), False),
@@ -318,7 +315,7 @@ def bounds(rows: List[Dict], res: Dict, val) -> List[Tuple[str, float]]:
     for what, cols, hopper in sets:
         total = 0.0
         for r in rows:
-            vs = [val(c, r["op"]) for c in cols if hopper or c != "cudnn" or not sm90_cudnn(res, r["op"])]
+            vs = [value(res, c, r["op"]) for c in cols if hopper or c != "cudnn" or not sm90_cudnn(res, r["op"])]
             total += min(v for v in vs if v is not None)
         out.append((what, total))
     return out
@@ -345,7 +342,7 @@ def report(rows: List[Dict], res: Dict) -> str:
     lines.append(f"\n(us per op; cudnn: the 3x3 convs only. PTX of the configs built, (has wgmma, has mma.sync): {isa})")
     lines += ["", "| every GEMM op at the fastest of | its sum (us) | the call (ms) |", "| --- | --- | --- |"]
     call = res["ours"].get("call_ms")
-    for what, sum_us in bounds(rows, res, val):
+    for what, sum_us in bounds(rows, res):
         est = "" if call is None else f"{call - (tot['ours'] - sum_us) / 1000:.3f}"
         lines.append(f"| {what} | {sum_us:.0f} | {est} |")
     lines.append("\n(the call: ours as timed, each op's time replaced by that op's fastest; the others do less"
@@ -362,8 +359,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from tools.peers import in_fresh_process
     rows = gemm_shapes(UNetConfig(), args.batch)
     res: Dict = {"batch": args.batch, "shapes": rows}
-    jobs = {"ours": (run_ours, args.batch), "torch": (run_torch, rows),
-            "triton-v3": (run_triton, "v3", rows), "triton-v2": (run_triton, "v2", rows),
+    shapes = distinct(rows)
+    jobs = {"ours": (run_ours, args.batch), "torch": (run_torch, shapes),
+            "triton-v3": (run_triton, "v3", shapes), "triton-v2": (run_triton, "v2", shapes),
             "peer-profile": (run_peer_profile, args.batch)}
     for name, (fn, *a) in jobs.items():
         if name in args.skip:
@@ -376,6 +374,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             res[name] = in_fresh_process(fn, *a)
         finally:
             os.environ.pop("DISABLE_MMA_V3", None)
+        if name in ("torch", "triton-v3", "triton-v2"):
+            share_by_shape(res[name], rows)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)
