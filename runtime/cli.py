@@ -19,12 +19,11 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .files import atomic_open
-from .errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
-from .gpu.aot import COMPILERS
-from .gpu.kernels import set_compile_notice
-from .pipeline import (BACKEND_CHOICES, DEFAULT_GPU_MODE, DEFAULT_NOISE, GPU_PRECISIONS, MODES, NOISE_CHOICES, PRECISIONS,
-                       default_weights_path)
+from jetson_unet.files import atomic_open
+from jetson_unet.errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
+from jetson_unet.build.aot import COMPILERS
+from jetson_unet.build.loader import set_compile_notice
+from jetson_unet.pipeline import BACKEND_CHOICES, DEFAULT_GPU_MODE, DEFAULT_NOISE, GPU_PRECISIONS, MODES, NOISE_CHOICES, PRECISIONS, default_weights_path
 
 PROG = "jetson-sample"
 
@@ -165,15 +164,15 @@ def _sample(args: argparse.Namespace) -> int:
         check_output(trace, ".json")
     if each is not None and not (each.is_dir() and os.access(each, os.W_OK)):
         raise UsageError(f"--save-each folder {each} does not exist or is not writable")
-    from .pipeline import Pipeline
-    from .schedule import make_steps
+    from jetson_unet.pipeline import Pipeline
+    from jetson_unet.model.schedule import make_steps
     weights = _load_weights(args.weights)    # validate everything before any long work
     n_steps = len(make_steps(weights.config.schedule, args.sampler, args.steps, args.eta))
     with Pipeline(weights, backend=args.backend, precision=args.precision, mode=args.mode,
                   graphs=not args.no_graphs, noise=args.noise) as pipe:
         timeline = None
         if trace is not None and pipe.backend != "numpy":
-            from .trace import Timeline
+            from jetson_unet.trace import Timeline
             timeline = Timeline(_backend_of(pipe))
         bar, cb = _progress(args.quiet, n_steps)
         prev = set_compile_notice(lambda m: bar.write(m, file=sys.stderr) if bar is not None else
@@ -199,14 +198,14 @@ def _sample(args: argparse.Namespace) -> int:
 
 def prepare_main(args: argparse.Namespace) -> int:
     """--prepare: one line per module on stdout; exit 1 when a module could not be built."""
-    from .gpu import aot
-    from .gpu.cubins import CubinCache
+    from jetson_unet.build import aot
+    from jetson_unet.build.cache import CubinCache
     weights = _load_weights(args.weights)
     precisions = _gpu_precisions(args.precision, ("fp16", "fp32", "bf16"))
     batches = args.batch or [1, 4, 16]
     archs = args.arch
     if archs is None:
-        from .gpu.backend import gpu_available
+        from jetson_unet.backends import gpu_available
         archs = ["native"] if gpu_available("cupy") is None or gpu_available("pycuda") is None else ["87"]
         if archs == ["87"]:
             print("note: no GPU here: preparing for sm_87 (Jetson Orin); --arch names other targets",
@@ -222,7 +221,7 @@ def prepare_main(args: argparse.Namespace) -> int:
 
 def plan_main(args: argparse.Namespace) -> int:
     """--plan-only: the memory table; exit 1 when an explicit --budget is exceeded."""
-    from .gpu import memory
+    from jetson_unet.executor import memory
     weights = _load_weights(args.weights)
     precisions = _gpu_precisions(args.precision, ("fp16", "fp32"))
     budgets = [memory.parse_budget(b) for b in (args.budget or ("4GB", "8GB"))]
@@ -258,7 +257,7 @@ def _load_weights(path: str) -> Any:
     if path == str(default_weights_path()) and not Path(path).is_file():
         raise UsageError(f"no shipped model at {path}; pass --weights PATH, or make random weights "
                          "with `jetson-weights random model.npz` (or train one: tools/train.py)")
-    from .weights import load_weights
+    from jetson_unet.model.weights import load_weights
     return load_weights(path)
 
 
@@ -279,7 +278,7 @@ def _cache_env(root: Optional[str]) -> Iterator[None]:
 
 
 def _backend_of(pipe) -> object:
-    from .gpu.backend import get_backend
+    from jetson_unet.backends import get_backend
     return get_backend(pipe.backend)
 
 
@@ -295,8 +294,8 @@ def weights_main(argv: Optional[Sequence[str]] = None) -> int:
     i = sub.add_parser("info", help="validate a weights file and print its manifest")
     i.add_argument("path")
     args = p.parse_args(argv)
-    from .config import UNetConfig
-    from .weights import load_weights, random_params, save_weights
+    from jetson_unet.model.config import UNetConfig
+    from jetson_unet.model.weights import load_weights, random_params, save_weights
     if args.cmd == "random":
         cfg = UNetConfig() if args.config is None else UNetConfig.from_json(_read_text(args.config))
         save_weights(args.out, cfg, random_params(cfg, args.seed), dtype=args.dtype)

@@ -86,7 +86,7 @@ class KernelCompileError(RuntimeErrorBase):
 
 
 class LaunchError(RuntimeErrorBase):
-    """The driver refused a kernel launch (runtime.gpu.launch_ex): the kernel, its shape, the CUresult."""
+    """The driver refused a kernel launch (jetson_unet.executor.launch_ex): the kernel, its shape, the CUresult."""
 
 
 class ArenaError(RuntimeErrorBase):

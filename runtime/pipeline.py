@@ -1,13 +1,13 @@
 """What an application embeds: load a model once, sample many times.
 
-    from runtime.pipeline import Pipeline
+    from jetson_unet.pipeline import Pipeline
     with Pipeline("weights/seed-unet-emoji64.npz", backend="auto") as pipe:
         pipe.load(batch=4)                             # optional: pay the GPU start-up now (at boot)
         images = pipe.sample(batch=4, seed=1)          # (4, 64, 64, 3) uint8
 
 `sample` calls on one Pipeline from several threads are serialized by a lock (each call runs to
 completion in turn; results never mix). A callback `cb(step, n_steps)` sees progress and may raise
-`runtime.errors.Cancelled` to stop within one step.
+`jetson_unet.errors.Cancelled` to stop within one step.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from .errors import BackendUnavailable, UsageError, stderr_notice
-from .gpu.noise import NOISE_SOURCES
-from .schedule import make_steps, sample_loop, to_uint8
-from .weights import Weights, load_weights
+from jetson_unet.errors import BackendUnavailable, UsageError, stderr_notice
+from jetson_unet.ops.noise import NOISE_SOURCES
+from jetson_unet.model.schedule import make_steps, sample_loop, to_uint8
+from jetson_unet.model.weights import Weights, load_weights
 
 BACKEND_CHOICES = ("auto", "numpy", "cupy", "pycuda")
 GPU_BACKENDS = ("cupy", "pycuda")   # auto tries them in this order
@@ -37,8 +37,8 @@ Callback = Callable[[int, int], None]
 
 
 def default_weights_path() -> Path:
-    """The shipped model (package data `runtime.models`, i.e. the repo's weights/ folder)."""
-    from . import models_dir
+    """The shipped model (package data `jetson_unet.models`, i.e. the repo's weights/ folder)."""
+    from jetson_unet.paths import models_dir
     return models_dir() / DEFAULT_MODEL
 
 
@@ -75,7 +75,7 @@ class Pipeline:
 
     def _open_engine(self, backend: str, precision: str, notice: Callable[[str], None]):
         if backend != "numpy" and precision != "fp64":
-            from .gpu.backend import get_backend
+            from jetson_unet.backends import get_backend
             reasons = []
             for name in (GPU_BACKENDS if backend == "auto" else (backend,)):
                 try:
@@ -89,7 +89,7 @@ class Pipeline:
             notice(f"note: no usable GPU ({'; '.join(reasons)}); using the NumPy reference backend")
         if precision in ("fp16", "bf16"):
             raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
-        from .reference import Reference
+        from jetson_unet.model.reference import Reference
         np_precision = "fp32" if precision == "auto" else precision
         self._engine = Reference(self.weights, NUMPY_PRECISIONS[np_precision])
         return "numpy", np_precision
@@ -100,8 +100,8 @@ class Pipeline:
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
-            from .gpu.backend import get_backend
-            from .gpu.sampling import GpuSampler
+            from jetson_unet.backends import get_backend
+            from jetson_unet.sampling.gpu import GpuSampler
             be = get_backend(self.backend)
             if self._stream is None:   # kept across batch sizes (GpuSampler's stream argument says why)
                 self._stream = be.stream()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .files import atomic_open
+from jetson_unet.files import atomic_open
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from runtime.config import UNetConfig
-from runtime.weights import Weights, load_weights, random_params, save_weights
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.weights import Weights, load_weights, random_params, save_weights
 
 # Two levels, every feature map >= 8x8: exercises unshuffle, up2, gates and both cat kinds.
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)

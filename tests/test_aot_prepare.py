@@ -17,12 +17,15 @@ sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from cubin_fakes import CubinBackend, FakeNvrtc, fake_compiler, write_fake_nvcc  # noqa: E402
 from fakes import FakeBackend  # noqa: E402
 
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.errors import KernelCompileError, UsageError  # noqa: E402
-from runtime.gpu import aot, compilers, cubins  # noqa: E402
-from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.gpu.kernels import KernelSet, module_source  # noqa: E402
-from runtime.weights import random_params  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.errors import KernelCompileError, UsageError  # noqa: E402
+from jetson_unet.build import aot
+from jetson_unet.build import compilers
+from jetson_unet.build import cache as cubins  # noqa: E402
+from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
+from jetson_unet.build.loader import KernelSet
+from jetson_unet.build.sources import module_source  # noqa: E402
+from jetson_unet.model.weights import random_params  # noqa: E402
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
 
@@ -79,11 +82,12 @@ def test_prepare_builds_each_module_once_then_is_up_to_date(tmp_path, monkeypatc
 
 def _tuned_tiles_file(w, folder, device, sms, precision, batch):
     """A tuning file whose tiles differ from the built-in ones (each tunable op's last candidate)."""
-    from runtime.gpu import ops, tuning
-    from runtime.gpu.executor import view_layout
-    from runtime.plan import build_plan
+    from jetson_unet.ops.common import Ctx
+    from jetson_unet.ops import tuning
+    from jetson_unet.executor.executor import view_layout
+    from jetson_unet.model.plan import build_plan
     plan = build_plan(w.config)
-    ctx = ops.Ctx(plan, w.params, precision, batch, sms, view_layout(plan))
+    ctx = Ctx(plan, w.params, precision, batch, sms, view_layout(plan))
     tiles = {op.out: tuning.candidates(op, ctx)[-1] for op in plan.ops if tuning.tunable(op, ctx)}
     path = Path(folder) / tuning.file_name(device, sms, precision, batch)
     tuning.dump_tiles(path, tiles, dict(device=device, sms=sms, precision=precision, batch=batch,
@@ -142,7 +146,7 @@ def test_pick_compiler(tmp_path, monkeypatch):
     assert aot.pick_compiler("auto", nvcc=str(nvcc)).kind == "nvcc"
     with pytest.raises(UsageError, match="NVRTC is not usable here"):
         aot.pick_compiler("nvrtc")
-    monkeypatch.setattr("runtime.gpu.backend_pycuda.find_nvcc", lambda: None)
+    monkeypatch.setattr("jetson_unet.backends.pycuda.find_nvcc", lambda: None)
     with pytest.raises(UsageError, match="no CUDA compiler here"):
         aot.pick_compiler("auto")
 
@@ -153,7 +157,7 @@ def test_real_module_compiles_with_nvcc_for_sm87(tmp_path):
     """Where nvcc is installed (no GPU needed): the executor's fp16 module of the shipped config for
     sm_87 (the tensor-core path), and fp32 for sm_72 where this nvcc still targets it (CUDA 13 does
     not: then a one-line skip and one failure)."""
-    from runtime.gpu.backend_pycuda import find_nvcc
+    from jetson_unet.backends.pycuda import find_nvcc
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("no nvcc")

@@ -11,11 +11,11 @@ import itertools
 
 import pytest
 
-from runtime import plan as P
-from runtime.arena import ArenaPlan, activation_elem_bytes, plan_arena
-from runtime.config import UNetConfig
-from runtime.errors import ArenaError
-from runtime.plan import build_plan, lifetimes
+from jetson_unet.model import plan as P
+from jetson_unet.model.arena import ArenaPlan, activation_elem_bytes, plan_arena
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.errors import ArenaError
+from jetson_unet.model.plan import build_plan, lifetimes
 
 ALIGN = 256
 # Greedy placement by size is not optimal: the budget the planner is held to over its lower bound.

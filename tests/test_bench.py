@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime import bench
-from runtime import bench_report as report
-from runtime.config import Schedule, UNetConfig
-from runtime.plan import build_plan
-from runtime.weights import load_weights, random_params, save_weights
+from jetson_unet.bench import runner as bench
+from jetson_unet.bench import report
+from jetson_unet.model.config import Schedule, UNetConfig
+from jetson_unet.model.plan import build_plan
+from jetson_unet.model.weights import load_weights, random_params, save_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
@@ -280,8 +280,8 @@ def test_gpu_cold_start_runs_cold_warm_and_aot_on_fresh_caches(weights_path, tmp
     for flags in (["--batch", "1"], ["--backend", "cupy"], ["--mode", "gpu"], ["--steps", "2"], ["--no-graphs"]):
         i = cold_cmd.index(flags[0])
         assert cold_cmd[i:i + len(flags)] == flags, (flags, cold_cmd)
-    assert cold_cmd[:3] == [sys.executable, "-m", "runtime.coldstart"]
-    assert prep_cmd[:4] == [sys.executable, "-m", "runtime.cli", "--prepare"]
+    assert cold_cmd[:3] == [sys.executable, "-m", "jetson_unet.bench.coldstart"]
+    assert prep_cmd[:4] == [sys.executable, "-m", "jetson_unet.cli", "--prepare"]
     for flags in (["--precision", "fp16"], ["--batch", "1"], ["--arch", "native"]):
         i = prep_cmd.index(flags[0])
         assert prep_cmd[i:i + 2] == flags, (flags, prep_cmd)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from runtime import cli
-from runtime.config import Schedule, UNetConfig
-from runtime.errors import Cancelled
-from runtime.pipeline import Pipeline
-from runtime.weights import random_params, save_weights
+from jetson_unet import cli
+from jetson_unet.model.config import Schedule, UNetConfig
+from jetson_unet.errors import Cancelled
+from jetson_unet.pipeline import Pipeline
+from jetson_unet.model.weights import random_params, save_weights
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32, schedule=Schedule(timesteps=10, beta_end=0.005))
 
@@ -27,7 +27,7 @@ def tiny_weights(tmp_path_factory):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "jetson_unet.cli", *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
@@ -115,7 +115,7 @@ def test_weights_cli_random_and_info(tmp_path):
     cfg.write_text(json.dumps(TINY.to_dict()))
     out = tmp_path / "r.npz"
     assert cli.weights_cli(["random", str(out), "--config", str(cfg), "--seed", "2", "--dtype", "float16"]) == 0
-    r = subprocess.run([sys.executable, "-c", "from runtime.cli import weights_cli; import sys; "
+    r = subprocess.run([sys.executable, "-c", "from jetson_unet.cli import weights_cli; import sys; "
                         f"sys.exit(weights_cli(['info', {str(out)!r}]))"], capture_output=True, text=True)
     assert r.returncode == 0 and "float16" in r.stdout and "sha256:" in r.stdout
 

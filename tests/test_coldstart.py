@@ -1,5 +1,5 @@
 """Cold start on the CPU: Pipeline.load builds the engine ahead of the first sample (numpy, and the
-GPU path over the recording fakes), and the runtime.coldstart child prints one JSON line of phase
+GPU path over the recording fakes), and the jetson_unet.bench.coldstart child prints one JSON line of phase
 times that sum to at most the total, counting the kernel modules it compiled."""
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from cubin_fakes import CubinBackend  # noqa: E402
 
-from runtime import coldstart  # noqa: E402
-from runtime.errors import UsageError  # noqa: E402
-from runtime.gpu import backend as backend_mod  # noqa: E402
-from runtime.gpu.kernels import KernelSet  # noqa: E402
-from runtime.gpu.sampling import GpuSampler  # noqa: E402
-from runtime.pipeline import Pipeline  # noqa: E402
+from jetson_unet.bench import coldstart  # noqa: E402
+from jetson_unet import backends as backend_mod  # noqa: E402
+from jetson_unet.errors import UsageError  # noqa: E402
+from jetson_unet.backends import _CACHE
+from jetson_unet.build.loader import KernelSet  # noqa: E402
+from jetson_unet.sampling.gpu import GpuSampler  # noqa: E402
+from jetson_unet.pipeline import Pipeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DDIM2 = ["--sampler", "ddim", "--steps", "2"]
@@ -31,7 +32,7 @@ def fake_cupy(tmp_path, monkeypatch):
     """`get_backend("cupy")` is a fake with the cubin seam, over an empty cubin cache and no modules
     in memory: a fresh process on an empty kernel cache."""
     be = CubinBackend()
-    monkeypatch.setitem(backend_mod._CACHE, "cupy", be)
+    monkeypatch.setitem(_CACHE, "cupy", be)
     monkeypatch.setattr(KernelSet, "_cache", {})
     monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path / "cache"))
     return be
@@ -90,7 +91,7 @@ def check_phases(rec: dict) -> None:
 
 
 def test_child_process_prints_one_json_line_of_phases(tiny_weights_path):
-    r = subprocess.run([sys.executable, "-m", "runtime.coldstart", "--weights", str(tiny_weights_path),
+    r = subprocess.run([sys.executable, "-m", "jetson_unet.bench.coldstart", "--weights", str(tiny_weights_path),
                         "--backend", "numpy"] + DDIM2, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()

@@ -12,7 +12,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from runtime.gpu import ops
+from jetson_unet.ops.common import Ctx
+from jetson_unet.ops.conv_halo import ConvGeom, HALO_SMEM_LIMIT, halo_problems
+from jetson_unet.ops.conv_pipe import deep_ring
+from jetson_unet.ops.specs import op_spec
 from test_conv_pipe_emulated import Problem, build_lib, key, values
 
 pytestmark = pytest.mark.slow
@@ -50,19 +53,19 @@ def emu_lib(tmp_path_factory):
 
 
 def test_halo_geometry_checks():
-    g = ops.ConvGeom(cin=96, cr=0, wout=16, norm=True)
-    assert ops.halo_problems(halo(key(64, 64, 32, stages=3)), g) == []
-    assert any("multiple of BK" in p for p in ops.halo_problems(halo(key(64, 64, 64, stages=3)), g))
-    assert any("whole rows" in p for p in ops.halo_problems(halo(key(64, 64, 32, stages=3)),
+    g = ConvGeom(cin=96, cr=0, wout=16, norm=True)
+    assert halo_problems(halo(key(64, 64, 32, stages=3)), g) == []
+    assert any("multiple of BK" in p for p in halo_problems(halo(key(64, 64, 64, stages=3)), g))
+    assert any("whole rows" in p for p in halo_problems(halo(key(64, 64, 32, stages=3)),
                                                             dataclasses.replace(g, wout=12)))
-    assert any("3x3" in p for p in ops.halo_problems(halo(key(64, 64, 32, kh=1, stages=3)), g))
+    assert any("3x3" in p for p in halo_problems(halo(key(64, 64, 32, kh=1, stages=3)), g))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_halo_conv_matches_im2col_conv(emu_lib, case):
     name, ref_key, halo_key, shape, exact = case
-    geom = ops.ConvGeom(shape["cin"], shape["cr"], shape["hin"] * ref_key.up, shape.get("norm", False))
-    assert ops.halo_problems(halo_key, geom) == [], name
+    geom = ConvGeom(shape["cin"], shape["cr"], shape["hin"] * ref_key.up, shape.get("norm", False))
+    assert halo_problems(halo_key, geom) == [], name
     prob = Problem(ref_key, **shape)
     want_out, want_st = prob.run(emu_lib, ref_key)
     got_out, got_st = prob.run(emu_lib, halo_key)
@@ -87,15 +90,15 @@ def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tm
     """The halo tiles, the k-sliced cp.async tiles and the gate tiles (the whole N in one CTA or
     split over 2-4) the tuner may pick (default config, batch 1 and 16) for Orin's sm_87: no
     spills, and registers that leave two CTAs per SM (the halo conv's smem budget,
-    HALO_SMEM_LIMIT, allows two). Those with a deep ring (ops.deep_ring) have their own test, which
+    HALO_SMEM_LIMIT, allows two). Those with a deep ring (deep_ring) have their own test, which
     allows a few bytes of spills (test_conv_pipelined_cpu.py)."""
     import shutil
 
-    from runtime.config import UNetConfig
-    from runtime.gpu.executor import view_layout
-    from runtime.gpu.tuning import candidates, tunable
-    from runtime.plan import GATE, build_plan
-    from runtime.weights import random_params
+    from jetson_unet.model.config import UNetConfig
+    from jetson_unet.executor.executor import view_layout
+    from jetson_unet.ops.tuning import candidates, tunable
+    from jetson_unet.model.plan import GATE, build_plan
+    from jetson_unet.model.weights import random_params
     from test_conv_pipelined_cpu import sm87_ptxas
 
     nvcc = shutil.which("nvcc")
@@ -106,15 +109,15 @@ def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tm
     picked = {"halo": lambda op, t: t.halo, "k slices": lambda op, t: t.ks > 1, "gate": lambda op, t: op.kind == GATE}[kind]
     keys = set()
     for batch in (1, 16):
-        ctx = ops.Ctx(plan, params, "fp16", batch, 8, view_layout(plan))
+        ctx = Ctx(plan, params, "fp16", batch, 8, view_layout(plan))
         for op in plan.ops:
             if tunable(op, ctx):
                 for t in candidates(op, ctx):
                     if picked(op, t):
-                        spec = ops.op_spec(op, dataclasses.replace(ctx, tiles={op.out: t}))
-                        if ops.deep_ring(spec.key):   # spills allowed: test_conv_pipelined_cpu's deep-ring test
+                        spec = op_spec(op, dataclasses.replace(ctx, tiles={op.out: t}))
+                        if deep_ring(spec.key):   # spills allowed: test_conv_pipelined_cpu's deep-ring test
                             continue
-                        assert not t.halo or spec.smem <= ops.HALO_SMEM_LIMIT, (spec.key.symbol, spec.smem)
+                        assert not t.halo or spec.smem <= HALO_SMEM_LIMIT, (spec.key.symbol, spec.smem)
                         keys.add(spec.key)
     assert keys and (kind != "gate" or any(k.nsplit for k in keys))
     rep = sm87_ptxas(nvcc, sorted(keys, key=lambda k: k.symbol), tmp_path)

@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import kernels_dir
-from runtime.gpu import ops
-from runtime.gpu.kernels import ConvKey
+from jetson_unet.paths import kernels_dir
+from jetson_unet.ops.common import TileChoice, cdiv, from_device, padded, round_up, to_device
+from jetson_unet.ops.conv import fold_table, fold_weights, gemm_conv_spec, gemm_workspace, pack_gemm
+from jetson_unet.ops.conv_pipe import deep_ring
+from jetson_unet.ops.keys import ConvKey
 
 pytestmark = pytest.mark.slow
 EMU = Path(__file__).parent / "emu" / "simt.h"
@@ -74,7 +76,7 @@ def emu_source(keys) -> str:
 
 def values(bits: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values of a 16-bit output buffer (held as uint16 bit patterns)."""
-    return bits.view(np.float16).astype(np.float32) if dtype == "fp16" else ops.from_device(bits, dtype)
+    return bits.view(np.float16).astype(np.float32) if dtype == "fp16" else from_device(bits, dtype)
 
 
 def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, wn=2, ks=1, nsplit=False,
@@ -85,7 +87,7 @@ def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, 
 # (name, stock key, pipelined keys, shape). Shapes: Hin, Cin, N, Cr (residual K segment), batch,
 # and which epilogue features are on.
 CASES = [
-    # deep rings (ops.deep_ring: past 40 KB, in dynamic smem after the GroupNorm table): 64x64x64 s3 here
+    # deep rings (deep_ring: past 40 KB, in dynamic smem after the GroupNorm table): 64x64x64 s3 here
     # and below, 128x128x32 s3 over 8 warps, 32x64x64 s4 (up2, gate)
     ("3x3-norm-tbias-gelu-res", key(64, 64, 32), [key(64, 64, 32, stages=3), key(64, 64, 64, stages=2),
                                                  key(64, 64, 32, stages=4), key(64, 64, 64, stages=3)],
@@ -131,7 +133,7 @@ SLICE_CASES = [
     ("1x1-bf16", key(128, 64, 32, kh=1, dtype="bf16"), [key(32, 64, 64, kh=1, dtype="bf16", stages=3, ks=2)],
      dict(hin=16, cin=48, n=64, cr=0, batch=1, norm=True, act=1)),
 ]
-# Several M tiles per CTA (ConvKey.persist, ops.TileChoice.mt): (name, one-tile key, M tiles per CTA to
+# Several M tiles per CTA (ConvKey.persist, TileChoice.mt): (name, one-tile key, M tiles per CTA to
 # run it with, shape). The same per-tile work in the same order, so bit for bit the one-tile kernel's
 # outputs and partials, whatever tile a CTA runs next. mtiles: 3x3 12x12 / 64 rows: 3 (CTAs of 2 and 1
 # tiles, and all 3 in one); the 128x64 tile unrolls its k loop by its stages; K of one k-tile leaves
@@ -222,8 +224,8 @@ class Problem:
         self.hout = hin * k.up // k.stride
         self.m = self.hout * self.hout
         dt = k.dtype
-        self.x = ops.to_device(rng.standard_normal((batch, hin, hin, cin)), dt)
-        self.xr = ops.to_device(rng.standard_normal((batch, self.hout, self.hout, max(cr, 8))), dt)
+        self.x = to_device(rng.standard_normal((batch, hin, hin, cin)), dt)
+        self.xr = to_device(rng.standard_normal((batch, self.hout, self.hout, max(cr, 8))), dt)
         self.wmat = rng.standard_normal((n, k.kh * k.kh * cin)).astype(np.float32) / np.sqrt(k.kh * k.kh * cin)
         segs = [self.wmat] + ([rng.standard_normal((n, cr)).astype(np.float32)] if cr else [])
         self.norm, self.tbias_on, self.act, self.res_on, self.gate = norm, tbias, act, res, gate
@@ -237,26 +239,26 @@ class Problem:
         parts[..., 1] = rng.standard_normal((batch, 4)) * 20 + 50.0 * mean_off   # mean ~ mean_off
         parts[..., 2] = 40.0 + rng.random((batch, 4)) * 20
         self.gn_part = parts
-        self.res = ops.to_device(rng.standard_normal((batch, self.hout, self.hout, n)), dt)
+        self.res = to_device(rng.standard_normal((batch, self.hout, self.hout, n)), dt)
         self.psi = rng.standard_normal(n).astype(np.float32)
         self.segs = segs
 
     def run(self, lib, k: ConvKey, mt: int = 1):
         """The kernel of `k` on this problem; k.fold: with the GroupNorm folded into the GEMM
-        (ops.fold_weights / fold_table, as the executor prepares it) instead of the table;
-        k.persist: mt M tiles per CTA (the grid ops.gemm_conv_spec launches)."""
+        (fold_weights / fold_table, as the executor prepares it) instead of the table;
+        k.persist: mt M tiles per CTA (the grid gemm_conv_spec launches)."""
         segs, bias, fold = self.segs, self.bias, k.fold
         if fold:
-            seg0, bias = ops.fold_weights(segs[0], bias, self.gn_w, self.gn_b)
+            seg0, bias = fold_weights(segs[0], bias, self.gn_w, self.gn_b)
             segs = [seg0] + segs[1:]
-        w, ldw, nks = ops.pack_gemm(k.dtype, k.bn, k.bk, segs)
-        fold_blob = ops.fold_table(w, k.dtype, nks[0] * k.bk, self.gn_w, self.gn_b) if fold else None
-        npad = ops.round_up(self.n, k.bn)
-        mtiles, ntiles = ops.cdiv(self.m, k.bm), ops.cdiv(self.n, k.bn)
+        w, ldw, nks = pack_gemm(k.dtype, k.bn, k.bk, segs)
+        fold_blob = fold_table(w, k.dtype, nks[0] * k.bk, self.gn_w, self.gn_b) if fold else None
+        npad = round_up(self.n, k.bn)
+        mtiles, ntiles = cdiv(self.m, k.bm), cdiv(self.n, k.bn)
         out_c = self.cr if self.gate else self.n
         out = np.full((self.batch, self.hout, self.hout, out_c), 0x7E00, dtype=np.uint16)   # NaN
         st_part = np.full((self.batch, mtiles * ntiles, 4), np.nan, dtype=np.float32)
-        n_ws, n_ctr = ops.gemm_workspace(self.batch, mtiles, ntiles, self.splits, k.bm, k.bn, k.gate)
+        n_ws, n_ctr = gemm_workspace(self.batch, mtiles, ntiles, self.splits, k.bm, k.bn, k.gate)
         ws = np.zeros(max(n_ws, 1), dtype=np.float32)
         counters = np.zeros(max(n_ctr, 1), dtype=np.int32)
         keep = []
@@ -270,12 +272,12 @@ class Problem:
 
         args = [p(self.x), self.hin, self.hin, self.cin, self.cin, p(self.xr if self.cr else None), self.cr,
                 self.xr.shape[-1], p(w), ldw, nks[0], nks[1] if len(nks) > 1 else 0,
-                p(ops.padded(bias, npad)), p(self.tb if self.tbias_on else None), self.n,
+                p(padded(bias, npad)), p(self.tb if self.tbias_on else None), self.n,
                 p(self.t_idx if self.tbias_on else None), p(self.gn_w if self.norm and not fold else None),
                 p(self.gn_b if self.norm and not fold else None), p(fold_blob),
                 p(self.gn_part if self.norm else None), 4, 1e-5,
                 p(self.res if self.res_on else None), self.n, out, self.hout, self.hout, self.n, out_c,
-                None if self.gate else st_part, self.act, p(ops.padded(self.psi, npad) if self.gate else None),
+                None if self.gate else st_part, self.act, p(padded(self.psi, npad) if self.gate else None),
                 0.25, self.splits, p(ws if n_ws else None), p(counters if n_ctr else None)]
         kinds = macro_params()
         assert len(kinds) == len(args), f"CONV_PARAMS has {len(kinds)} parameters, the test passes {len(args)}"
@@ -289,7 +291,7 @@ class Problem:
             else:
                 cargs.append(ctypes.c_int(a))
         fn = getattr(lib, "emu_" + k.symbol)
-        fn(ctypes.c_int(ops.cdiv(mtiles, mt) if k.persist else mtiles * self.splits), ctypes.c_int(ntiles),
+        fn(ctypes.c_int(cdiv(mtiles, mt) if k.persist else mtiles * self.splits), ctypes.c_int(ntiles),
            ctypes.c_int(self.batch), ctypes.c_int(k.threads), *cargs)
         assert not counters.any(), "split-K and gate tickets must be re-armed"
         return out, st_part
@@ -341,7 +343,7 @@ def test_several_m_tiles_per_cta_equal_one_bit_for_bit(emu_lib, case):
     _, one, mts, shape = case
     prob, want = reference_run(emu_lib, one, shape, "one-tile")
     assert not np.isnan(want[1]).any(), "one-tile kernel left GroupNorm partials unwritten"
-    assert ops.cdiv(prob.m, one.bm) > 1, "the case must have several M tiles"
+    assert cdiv(prob.m, one.bm) > 1, "the case must have several M tiles"
     k = persist(one)
     for mt in mts:
         assert_same_bits(prob.run(emu_lib, k, mt), want, f"{k.symbol} with {mt} M tiles per CTA")
@@ -365,7 +367,7 @@ def test_emulated_stock_kernel_matches_numpy(emu_lib):
     x = prob.x.astype(np.float64)
     xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
     cols = np.stack([xp[:, ky:ky + 12, kx:kx + 12, :] for ky in range(3) for kx in range(3)], axis=3)
-    w = ops.to_device(prob.wmat, "fp16").astype(np.float64)
+    w = to_device(prob.wmat, "fp16").astype(np.float64)
     want = cols.reshape(2, 12, 12, -1) @ w.T + prob.bias
     got = values(out, "fp16")
     err = np.abs(got - want).max() / np.abs(want).max()

@@ -28,13 +28,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from fakes import FakeBackend, own_module_cache  # noqa: E402,F401  (the fixture: autouse)
 
-from runtime import kernels_dir  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.errors import ConfigError  # noqa: E402
-from runtime.gpu import ops  # noqa: E402
-from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.gpu.kernels import ConvKey, module_source, nvrtc_options  # noqa: E402
-from runtime.weights import random_params  # noqa: E402
+from jetson_unet.paths import kernels_dir  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.errors import ConfigError  # noqa: E402
+from jetson_unet.ops.common import Ctx, DEFAULT_STAGES, DW_TC_ENV, SMEM_LIMIT, STAGES_ENV, stages_from_env
+from jetson_unet.ops.conv_halo import HALO_SMEM_LIMIT
+from jetson_unet.ops.conv_pipe import PIPE_RING_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem, pipe_tile
+from jetson_unet.ops.specs import op_spec
+from jetson_unet.ops.tiles import choose_tile
+from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
+from jetson_unet.ops.keys import ConvKey
+from jetson_unet.build.sources import module_source, nvrtc_options  # noqa: E402
+from jetson_unet.model.weights import random_params  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "fixtures" / "conv_launches_default.json"
 ODD = UNetConfig(dim=12, image_size=24, dim_mults=(1, 2, 3), time_dim=48)
@@ -73,13 +78,13 @@ def describe_all() -> dict:
 
 @pytest.fixture
 def no_stages(monkeypatch):
-    monkeypatch.setenv(ops.STAGES_ENV, "0")
-    monkeypatch.setenv(ops.DW_TC_ENV, "0")   # the fixture predates the tensor-core depthwise conv too
+    monkeypatch.setenv(STAGES_ENV, "0")
+    monkeypatch.setenv(DW_TC_ENV, "0")   # the fixture predates the tensor-core depthwise conv too
 
 
 @pytest.fixture
 def stages3(monkeypatch):
-    monkeypatch.setenv(ops.STAGES_ENV, "3")
+    monkeypatch.setenv(STAGES_ENV, "3")
 
 
 # ---- 0: conv_gemm as it was ----------------------------------------------------------------------
@@ -104,28 +109,28 @@ def test_default_module_has_no_pipelined_code(no_stages):
     assert all(getattr(s.key, "stages", 0) == 0 for s in ex.specs)
 
 
-@pytest.mark.parametrize("raw,want", [("", ops.DEFAULT_STAGES), ("0", 0), (" 3 ", 3), ("2", 2), ("6", 6)])
+@pytest.mark.parametrize("raw,want", [("", DEFAULT_STAGES), ("0", 0), (" 3 ", 3), ("2", 2), ("6", 6)])
 def test_stages_from_env(raw, want):
-    assert ops.stages_from_env({ops.STAGES_ENV: raw}) == want
-    assert ops.stages_from_env({}) == ops.DEFAULT_STAGES == 3
+    assert stages_from_env({STAGES_ENV: raw}) == want
+    assert stages_from_env({}) == DEFAULT_STAGES == 3
 
 
 def test_default_is_the_cp_async_conv(monkeypatch):
-    monkeypatch.delenv(ops.STAGES_ENV, raising=False)
+    monkeypatch.delenv(STAGES_ENV, raising=False)
     ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
-    # every GEMM: the 256-wide gates too, split over 64-wide CTAs (ops.choose_tile's pipelined rules)
-    assert {s.key.stages for s in ex.specs if isinstance(s.key, ConvKey)} == {ops.DEFAULT_STAGES}
+    # every GEMM: the 256-wide gates too, split over 64-wide CTAs (choose_tile's pipelined rules)
+    assert {s.key.stages for s in ex.specs if isinstance(s.key, ConvKey)} == {DEFAULT_STAGES}
     assert "// ==== conv_pipe.cu" in ex.kernels.source
 
 
 @pytest.mark.parametrize("raw", ["1", "7", "three", "-3", "3.0"])
 def test_stages_from_env_refuses_nonsense(raw):
-    with pytest.raises(ConfigError, match=ops.STAGES_ENV):
-        ops.stages_from_env({ops.STAGES_ENV: raw})
+    with pytest.raises(ConfigError, match=STAGES_ENV):
+        stages_from_env({STAGES_ENV: raw})
 
 
 def test_pipe_tile_budget():
-    pt = ops.pipe_tile
+    pt = pipe_tile
     assert pt("fp16", 128, 64, 8, False, 3) == (32, 3)        # 36 KB ring
     assert pt("bf16", 32, 64, 8, False, 3) == (64, 3)         # BK 64 where it fits: 128 k in flight
     assert pt("fp16", 64, 64, 8, False, 3) == (32, 3)         # BK 64 x 3 would be 48 KB
@@ -139,7 +144,7 @@ def test_pipe_tile_budget():
     for bm, bn in ((32, 32), (32, 64), (64, 32), (64, 64), (128, 32), (128, 64), (64, 128)):
         for s in (2, 3, 4, 5, 6):
             got = pt("fp16", bm, bn, 8, False, s)
-            assert got is None or ops.pipe_ring_bytes(bm, bn, got[0], got[1]) <= ops.PIPE_RING_LIMIT
+            assert got is None or pipe_ring_bytes(bm, bn, got[0], got[1]) <= PIPE_RING_LIMIT
 
 
 # ---- set: the variant's launches ---------------------------------------------------------------
@@ -186,11 +191,11 @@ def test_opt_in_launches(stages3, cfg, precision, sms):
             assert launch.fn.symbol.endswith(kind + "_f" if key.fold else kind)
             assert key.fold == bool(spec.op.norm and key.bn <= 128), (spec.op.out, key)   # fold_norm
             if key.halo:   # dynamic smem only, past 48 KB by the opt-in, two CTAs per sm_87 SM
-                assert launch.smem <= min(ops.HALO_SMEM_LIMIT, launch.fn.max_dynamic_shared), (spec.op.out, launch.smem)
+                assert launch.smem <= min(HALO_SMEM_LIMIT, launch.fn.max_dynamic_shared), (spec.op.out, launch.smem)
                 assert 2 * (launch.smem + CTA_RESERVED) <= ORIN_SM_SMEM
                 continue
-            static = ops.pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + ops.PIPE_SCRATCH
-            assert static + launch.smem <= ops.SMEM_LIMIT, (spec.op.out, static, launch.smem)
+            static = pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + PIPE_SCRATCH
+            assert static + launch.smem <= SMEM_LIMIT, (spec.op.out, static, launch.smem)
             assert 2 * (static + launch.smem + CTA_RESERVED) <= ORIN_SMEM_PER_SM
     src = ex.kernels.source
     if piped:
@@ -283,9 +288,9 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
         if k.halo:   # its tiles live in dynamic smem (test_opt_in_launches checks the budget)
             assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)
             continue
-        ring = ops.pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages)
-        assert ring <= f["smem"] <= ring + ops.PIPE_SCRATCH, (k.symbol, f)
-        assert f["smem"] + dyn.get(k.symbol, 0) <= ops.SMEM_LIMIT, (k.symbol, f)
+        ring = pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages)
+        assert ring <= f["smem"] <= ring + PIPE_SCRATCH, (k.symbol, f)
+        assert f["smem"] + dyn.get(k.symbol, 0) <= SMEM_LIMIT, (k.symbol, f)
         # two CTAs per SM by registers, where the launch bounds ask for it (conv_pipe.cu PIPE_MIN_CTAS):
         # the 8-warp up2 tiles of batch 16 may take up to 255 (192-194 on sm_87, one CTA per SM)
         if not (k.up == 2 and k.wm * k.wn * k.ks >= 8) and not k.persist:
@@ -301,50 +306,50 @@ DEEP_SPILL_MAX = 64
 
 def test_kernel_and_host_agree_on_where_a_ring_is_deep():
     """kernels/conv_pipe.cu moves a ring past DEEP_RING bytes into dynamic smem; the host sizes the
-    launch's dynamic smem by ops.deep_ring, whose limit is PIPE_RING_LIMIT: one number, twice."""
+    launch's dynamic smem by deep_ring, whose limit is PIPE_RING_LIMIT: one number, twice."""
     src = (kernels_dir() / "conv_pipe.cu").read_text()
     m = re.search(r"#define DEEP_RING \((\d+) \* 1024\)", src)
-    assert m and int(m.group(1)) * 1024 == ops.PIPE_RING_LIMIT
+    assert m and int(m.group(1)) * 1024 == PIPE_RING_LIMIT
     k = ConvKey("fp16", 64, 64, 64, 2, 2, 3, 1, 1, 8, False, 3)
-    assert ops.deep_ring(k) and not ops.deep_ring(dataclasses.replace(k, bk=32))
-    assert ops.pipe_smem(k, 512) == 512 + 128 + ops.pipe_ring_bytes(64, 64, 64, 3)
+    assert deep_ring(k) and not deep_ring(dataclasses.replace(k, bk=32))
+    assert pipe_smem(k, 512) == 512 + 128 + pipe_ring_bytes(64, 64, 64, 3)
 
 
 @pytest.mark.slow
 def test_deep_ring_candidates_compile_for_sm87(tmp_path):
-    """Every deep-ring tile the tuner may time (ops.deep_ring: the ring in dynamic smem) builds for
+    """Every deep-ring tile the tuner may time (deep_ring: the ring in dynamic smem) builds for
     sm_87 with its ring out of static smem, within the dynamic budget of two CTAs per Orin SM, and
     with at most a few bytes of spills."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc")
-    from runtime.gpu.executor import view_layout
-    from runtime.gpu.tuning import candidates, tunable
-    from runtime.plan import build_plan
+    from jetson_unet.executor.executor import view_layout
+    from jetson_unet.ops.tuning import candidates, tunable
+    from jetson_unet.model.plan import build_plan
     weights = W(UNetConfig())
     plan = build_plan(weights.config)
     keys, dyn = set(), {}
     for b in (1, 16):
-        ctx = ops.Ctx(plan, weights.params, "fp16", b, 8, view_layout(plan))
+        ctx = Ctx(plan, weights.params, "fp16", b, 8, view_layout(plan))
         for op in plan.ops:
             if tunable(op, ctx):
                 for t in candidates(op, ctx):
-                    spec = ops.op_spec(op, dataclasses.replace(ctx, tiles={op.out: t}))
-                    if ops.deep_ring(spec.key):
+                    spec = op_spec(op, dataclasses.replace(ctx, tiles={op.out: t}))
+                    if deep_ring(spec.key):
                         keys.add(spec.key)
                         dyn[spec.key.symbol] = max(dyn.get(spec.key.symbol, 0), spec.smem)
     assert any(k.bk == 64 for k in keys) and any(k.bm * k.bn >= 128 * 128 for k in keys)
     rep = sm87_ptxas(nvcc, sorted(keys, key=lambda k: k.symbol), tmp_path)
     for k in keys:
         f = rep[k.symbol]
-        assert f["smem"] <= ops.PIPE_SCRATCH, (k.symbol, f)   # the ring is not static
+        assert f["smem"] <= PIPE_SCRATCH, (k.symbol, f)   # the ring is not static
         assert f["smem"] + dyn[k.symbol] + CTA_RESERVED <= ORIN_SM_SMEM // 2, (k.symbol, f)
         assert f["spill"] <= DEEP_SPILL_MAX, (k.symbol, f)
 
 
 if __name__ == "__main__" and "--write-golden" in sys.argv:
     import os
-    os.environ[ops.STAGES_ENV] = "0"
-    os.environ[ops.DW_TC_ENV] = "0"
+    os.environ[STAGES_ENV] = "0"
+    os.environ[DW_TC_ENV] = "0"
     GOLDEN.write_text(json.dumps(describe_all(), indent=0, sort_keys=True))
     print(f"wrote {GOLDEN}")

@@ -17,11 +17,15 @@ from cubin_fakes import (CubinBackend, FakeNvrtc, fake_cubin, fake_cupy_backend,
                          write_fake_nvcc)
 from fakes import FakeBackend  # noqa: E402
 
-from runtime import kernels_dir  # noqa: E402
-from runtime.errors import KernelCompileError  # noqa: E402
-from runtime.gpu import compilers, cubins  # noqa: E402
-from runtime.gpu import kernels as kmod  # noqa: E402
-from runtime.gpu.kernels import KernelSet, SimpleKey, module_source, nvrtc_options  # noqa: E402
+from jetson_unet.paths import kernels_dir  # noqa: E402
+from jetson_unet.errors import KernelCompileError  # noqa: E402
+from jetson_unet.build import compilers
+from jetson_unet.build import cache as cubins  # noqa: E402
+from jetson_unet.build import loader as kmod  # noqa: E402
+from jetson_unet.build.loader import compile_notice
+from jetson_unet.build.loader import KernelSet
+from jetson_unet.ops.keys import SimpleKey
+from jetson_unet.build.sources import module_source, nvrtc_options  # noqa: E402
 
 KEYS = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32"), SimpleKey("init", "fp16", 3)]
 
@@ -84,7 +88,7 @@ def test_first_run_compiles_and_stores_second_run_only_loads(cache):
     be = CubinBackend()
     ks = kernel_set(be, cache)
     assert len(be.builds) == 1 and be.builds[0][2] == 87 and len(be.loads) == 1
-    assert cache.notes == [kmod.compile_notice(87)]
+    assert cache.notes == [compile_notice(87)]
     [cub] = list(cache.root.glob("*.cubin"))
     meta = json.loads(cub.with_suffix(".json").read_text())
     assert meta["arch"] == 87 and meta["toolchain"] == "nvrtc 12.6" and meta["options"] == ["-std=c++17"]

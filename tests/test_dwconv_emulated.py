@@ -3,8 +3,8 @@ tests/test_conv_pipe_emulated.py), against the NumPy reference's depthwise conv2
 in float64, and its GroupNorm partials against the same tiles summed in float64. Cases: 16-byte and
 scalar loads, fp16 / bf16 / fp32, views of a concat buffer on both sides (pixel stride > C, an
 offset channel window), a ragged last row and column tile, a ragged last channel tile, two
-samples with different timesteps; tiles 8 and 4 outputs wide (ops.dwconv_tw); one and two channels
-per thread (ops.dwconv_cp: 16-row tiles, an fp32 halo); the tensor-core kernel (dwconv_tc: 16 x 16
+samples with different timesteps; tiles 8 and 4 outputs wide (dwconv_tw); one and two channels
+per thread (dwconv_cp: 16-row tiles, an fp32 halo); the tensor-core kernel (dwconv_tc: 16 x 16
 tiles, ragged ones too, against weights rounded as it rounds them). Outputs are NaN-poisoned: every
 element the kernel owns must be written, and nothing outside its channel window may be."""
 from __future__ import annotations
@@ -14,9 +14,10 @@ import ctypes
 import numpy as np
 import pytest
 
-from runtime.gpu import ops
-from runtime.gpu.kernels import SimpleKey
-from runtime.reference import conv2d
+from jetson_unet.ops.common import cdiv, from_device, to_device
+from jetson_unet.ops.dwconv import DW_CC, DW_TC_TILE, DW_THREADS, DW_TILE, dwconv_cp, dwconv_tw, pack_dw_tc
+from jetson_unet.ops.keys import SimpleKey
+from jetson_unet.model.reference import conv2d
 from test_conv_pipe_emulated import kernel_lib, macro_params, values
 
 pytestmark = pytest.mark.slow
@@ -81,7 +82,7 @@ def test_dwconv_matches_reference(lib, case):
     name, dt, vec, tw, s = case
     rng = np.random.default_rng(7)
     b, h, w, c = s["batch"], s["h"], s["w"], s["c"]
-    xbuf = ops.to_device(rng.standard_normal((b, h, w, s["ldx"])), dt)   # the whole concat buffer
+    xbuf = to_device(rng.standard_normal((b, h, w, s["ldx"])), dt)   # the whole concat buffer
     if dt == "fp16":
         xbuf = xbuf.view(np.uint16)
     wt = (rng.standard_normal((c, 1, K, K)) / K).astype(np.float32)
@@ -90,10 +91,10 @@ def test_dwconv_matches_reference(lib, case):
     t_idx = np.array([3, 1][:b], dtype=np.int32)
     out = poison((b, h, w, s["ldo"]), dt)
     cp, tc = s.get("cp", 1), s.get("tc", False)
-    th, cc = (ops.DW_TC_TILE, 8 * cp) if tc else (ops.DW_TILE * cp, ops.DW_CC)   # rows, channels per CTA
-    tiles_x, tiles_y, ctiles = ops.cdiv(w, tw), ops.cdiv(h, th), ops.cdiv(c, cc)
+    th, cc = (DW_TC_TILE, 8 * cp) if tc else (DW_TILE * cp, DW_CC)   # rows, channels per CTA
+    tiles_x, tiles_y, ctiles = cdiv(w, tw), cdiv(h, th), cdiv(c, cc)
     st = np.full((b, ctiles * tiles_y * tiles_x, 4), np.nan, dtype=np.float32)
-    wk = ops.pack_dw_tc(wt, K, dt) if tc else np.ascontiguousarray(wt.reshape(c, K * K).T)
+    wk = pack_dw_tc(wt, K, dt) if tc else np.ascontiguousarray(wt.reshape(c, K * K).T)
     x0, o0 = s["x0"], s["o0"]
     esize = 4 if dt == "fp32" else 2
 
@@ -103,11 +104,11 @@ def test_dwconv_matches_reference(lib, case):
     args = [ptr(xbuf, x0), h, w, c, s["ldx"], ptr(wk), ptr(bias), ptr(tb) if s["tbias"] else ctypes.c_void_p(0),
             c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st)]
     cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(macro_params("dwconv.cu", "DW_PARAMS"), args)]
-    getattr(lib, "emu_" + dw_key(dt, vec, tw, cp, tc).symbol)(tiles_x * tiles_y, ctiles, b, ops.DW_THREADS, *cargs)
+    getattr(lib, "emu_" + dw_key(dt, vec, tw, cp, tc).symbol)(tiles_x * tiles_y, ctiles, b, DW_THREADS, *cargs)
 
     x = as_float(xbuf[..., x0:x0 + c], dt).transpose(0, 3, 1, 2)
     # dwconv_tc rounds its weights to the activation dtype (as the GEMM convs): its reference does too
-    w_ref = ops.from_device(ops.to_device(wt, dt), dt) if tc else wt
+    w_ref = from_device(to_device(wt, dt), dt) if tc else wt
     want = conv2d(x, w_ref.astype(np.float64), bias.astype(np.float64), groups=c)
     if s["tbias"]:
         want = want + tb[t_idx].astype(np.float64)[:, :, None, None]
@@ -144,7 +145,7 @@ def test_every_depthwise_instantiation_compiles_for_sm87_without_spills(tmp_path
         pytest.skip("no nvcc")
     keys = [SimpleKey("dwconv", dt, K, v, tw, cp) for dt, vecs in (("fp16", (8, 4, 1)), ("bf16", (8, 4, 1)), ("fp32", (4, 1)))
             for v in vecs for tw, cp in ((8, 1), (4, 1), (8, 2)) if cp == 1 or v > 1]
-    keys += [SimpleKey("dwconv_tc", dt, K, 8, ops.DW_TC_TILE, cpw) for dt in ("fp16", "bf16") for cpw in (1, 2, 4)]
+    keys += [SimpleKey("dwconv_tc", dt, K, 8, DW_TC_TILE, cpw) for dt in ("fp16", "bf16") for cpw in (1, 2, 4)]
     rep = sm87_ptxas(nvcc, keys, tmp_path)
     for k in keys:
         f = rep[k.symbol]

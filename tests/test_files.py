@@ -1,4 +1,4 @@
-"""runtime.files.atomic_open: whole file or nothing, permissions from the umask."""
+"""jetson_unet.files.atomic_open: whole file or nothing, permissions from the umask."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from runtime.files import atomic_open
+from jetson_unet.files import atomic_open
 
 
 def test_replaces_whole_and_follows_umask(tmp_path):

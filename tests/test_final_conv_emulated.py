@@ -10,8 +10,9 @@ import ctypes
 import numpy as np
 import pytest
 
-from runtime.gpu import ops
-from runtime.gpu.kernels import SimpleKey
+from jetson_unet.ops.common import cdiv, padded, to_device
+from jetson_unet.ops.io import FINAL_THREADS
+from jetson_unet.ops.keys import SimpleKey
 from test_conv_pipe_emulated import kernel_lib, macro_params
 from test_dwconv_emulated import as_float
 
@@ -36,11 +37,11 @@ def lib(tmp_path_factory):
 def test_final_conv_matches_numpy(lib, case):
     name, dt, vec, npix, cin, cout, ldx, x0 = case
     rng = np.random.default_rng(11)
-    xbuf = ops.to_device(rng.standard_normal((npix, ldx)), dt)
+    xbuf = to_device(rng.standard_normal((npix, ldx)), dt)
     if dt == "fp16":
         xbuf = xbuf.view(np.uint16)
     w = rng.standard_normal((cout, cin)).astype(np.float32)
-    bias = ops.padded(rng.standard_normal(cout).astype(np.float32), 8)
+    bias = padded(rng.standard_normal(cout).astype(np.float32), 8)
     out = np.full((npix, cout), np.nan, dtype=np.float32)
     esize = 4 if dt == "fp32" else 2
     args = [ctypes.c_void_p(xbuf.ctypes.data + x0 * esize), npix, cin, ldx, ctypes.c_void_p(w.ctypes.data),
@@ -49,7 +50,7 @@ def test_final_conv_matches_numpy(lib, case):
     kinds = macro_params("io.cu", "FINAL_PARAMS")
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(kinds, args)]
     sym = SimpleKey("final", dt, 0, vec).symbol
-    getattr(lib, "emu_" + sym)(ops.cdiv(npix, ops.FINAL_THREADS), 1, 1, ops.FINAL_THREADS, *cargs)
+    getattr(lib, "emu_" + sym)(cdiv(npix, FINAL_THREADS), 1, 1, FINAL_THREADS, *cargs)
     x = as_float(xbuf[:, x0:x0 + cin], dt)
     want = x @ w.astype(np.float64).T + bias[:cout]
     assert not np.isnan(out).any(), f"{name}: outputs unwritten"
@@ -61,13 +62,13 @@ def test_final_conv_matches_numpy(lib, case):
 def test_final_conv_takes_the_sampling_step(lib, row):
     """Two 9x9 images of 3 channels, fp16 activations: xs (fp32 NHWC) updated in place with the step
     of the float4 (c_x, c_eps, sigma, row bits) from the eps values, as schedule.p_sample would."""
-    from runtime.schedule import Step, p_sample
+    from jetson_unet.model.schedule import Step, p_sample
     dt, vec, b, hw, cin, cout = "fp16", 8, 2, 81, 32, 3
     npix = b * hw
     rng = np.random.default_rng(5)
-    xbuf = ops.to_device(rng.standard_normal((npix, cin)), dt).view(np.uint16)
+    xbuf = to_device(rng.standard_normal((npix, cin)), dt).view(np.uint16)
     w = rng.standard_normal((cout, cin)).astype(np.float32)
-    bias = ops.padded(rng.standard_normal(cout).astype(np.float32), 8)
+    bias = padded(rng.standard_normal(cout).astype(np.float32), 8)
     eps = np.full((npix, cout), np.nan, dtype=np.float32)
     xs = rng.standard_normal((npix, cout)).astype(np.float32)                 # NHWC image
     noise = rng.standard_normal((2, b, cout, hw)).astype(np.float32)          # NCHW rows
@@ -78,8 +79,8 @@ def test_final_conv_takes_the_sampling_step(lib, row):
             ctypes.c_void_p(bias.ctypes.data), ctypes.c_void_p(eps.ctypes.data), cout, ctypes.c_void_p(xs.ctypes.data),
             ctypes.c_void_p(noise.ctypes.data), ctypes.c_void_p(step.ctypes.data), hw]
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(macro_params("io.cu", "FINAL_PARAMS"), args)]
-    getattr(lib, "emu_" + SimpleKey("final", dt, 0, vec).symbol)(ops.cdiv(npix, ops.FINAL_THREADS), 1, 1,
-                                                                   ops.FINAL_THREADS, *cargs)
+    getattr(lib, "emu_" + SimpleKey("final", dt, 0, vec).symbol)(cdiv(npix, FINAL_THREADS), 1, 1,
+                                                                   FINAL_THREADS, *cargs)
     assert not np.isnan(eps).any()
     nchw = lambda a: a.reshape(b, hw, cout).transpose(0, 2, 1).astype(np.float64)   # noqa: E731
     z = noise[row].astype(np.float64) if row >= 0 else None

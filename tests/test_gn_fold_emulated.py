@@ -15,8 +15,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from runtime.gpu import ops
-from runtime.reference import gelu
+from jetson_unet.ops.common import FOLD_ENV, fold_from_env
+from jetson_unet.ops.conv import FOLD_RATIO_MAX, fold_norm, fold_table, fold_weights
+from jetson_unet.ops.conv_halo import ConvGeom, halo_problems
+from jetson_unet.model.reference import gelu
 from test_conv_halo_emulated import halo
 from test_conv_pipe_emulated import Problem, build_lib, key, merged, values
 
@@ -89,10 +91,10 @@ def test_folded_norm_matches_float64(emu_lib, case):
     _, keys, shape = case
     for k in keys:
         prob = Problem(k, **shape)
-        assert ops.fold_norm(k, prob.gn_w, prob.gn_b), k.symbol
+        assert fold_norm(k, prob.gn_w, prob.gn_b), k.symbol
         if k.halo:
-            geom = ops.ConvGeom(shape["cin"], shape["cr"], prob.hout, True)
-            assert ops.halo_problems(k, geom) == [], k.symbol
+            geom = ConvGeom(shape["cin"], shape["cr"], prob.hout, True)
+            assert halo_problems(k, geom) == [], k.symbol
         want = reference(prob)
         table_out, _ = prob.run(emu_lib, k)
         fold_out, fold_st = prob.run(emu_lib, folded(k))
@@ -113,17 +115,17 @@ def test_folded_norm_matches_float64(emu_lib, case):
 def test_fold_rule():
     k = key(64, 64, 32, stages=3)
     g, b = np.array([1.0, -0.5, 2.0]), np.array([0.1, 3.0, -1.0])
-    assert ops.fold_norm(k, g, b)
-    assert not ops.fold_norm(k, g, b, enabled=False)
-    assert not ops.fold_norm(key(64, 64, 32), g, b), "conv_gemm (stages 0) keeps the table"
-    assert not ops.fold_norm(key(64, 64, 16, dtype="fp32", stages=3), g, b), "fp32 keeps the table"
-    assert not ops.fold_norm(key(32, 256, 32, stages=3, wm=1, wn=4), g, b), "BN > 128: no epilogue prefetch"
-    assert not ops.fold_norm(k, np.array([1.0, 0.0, 2.0]), b), "a zero gn_w has no pad value"
+    assert fold_norm(k, g, b)
+    assert not fold_norm(k, g, b, enabled=False)
+    assert not fold_norm(key(64, 64, 32), g, b), "conv_gemm (stages 0) keeps the table"
+    assert not fold_norm(key(64, 64, 16, dtype="fp32", stages=3), g, b), "fp32 keeps the table"
+    assert not fold_norm(key(32, 256, 32, stages=3, wm=1, wn=4), g, b), "BN > 128: no epilogue prefetch"
+    assert not fold_norm(k, np.array([1.0, 0.0, 2.0]), b), "a zero gn_w has no pad value"
     big = b.copy()
-    big[1] = 0.5 * (ops.FOLD_RATIO_MAX + 1)
-    assert not ops.fold_norm(k, g, big), "|gn_b / gn_w| past FOLD_RATIO_MAX"
-    assert ops.fold_from_env({}) and ops.fold_from_env({ops.FOLD_ENV: "1"})
-    assert not ops.fold_from_env({ops.FOLD_ENV: "0"})
+    big[1] = 0.5 * (FOLD_RATIO_MAX + 1)
+    assert not fold_norm(k, g, big), "|gn_b / gn_w| past FOLD_RATIO_MAX"
+    assert fold_from_env({}) and fold_from_env({FOLD_ENV: "1"})
+    assert not fold_from_env({FOLD_ENV: "0"})
 
 
 def test_fold_weights_algebra():
@@ -137,8 +139,8 @@ def test_fold_weights_algebra():
     inb = rng.random(taps) < 0.6                       # which taps are inside the image
     y = np.where(inb[:, None], (x - mean) * rstd * g + b, 0.0)   # zero padding of gn(x)
     want = w.astype(np.float64) @ y.ravel() + bias
-    wf, bf = ops.fold_weights(w, bias.astype(np.float32), g, b)
-    table = ops.fold_table(wf.astype(np.float32), "fp32", taps * cin, g, b)
+    wf, bf = fold_weights(w, bias.astype(np.float32), g, b)
+    table = fold_table(wf.astype(np.float32), "fp32", taps * cin, g, b)
     r, q = table[:cin], table[cin:]
     xp = np.where(inb[:, None], x, mean - r / rstd)   # the pad value of each channel
     got = rstd * (wf.astype(np.float64) @ xp.ravel()) - mean * rstd * q + bf

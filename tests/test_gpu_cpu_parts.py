@@ -13,14 +13,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from fakes import FakeBackend  # noqa: E402
 
-from runtime import kernels_dir  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.errors import ArenaError, ConfigError  # noqa: E402
-from runtime.gpu import ops  # noqa: E402
-from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.plan import CAT, CONV, Op  # noqa: E402
-from runtime.reference import Reference, gn1, run_op  # noqa: E402
-from runtime.weights import random_params  # noqa: E402
+from jetson_unet.paths import kernels_dir  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.errors import ArenaError, ConfigError  # noqa: E402
+from jetson_unet.ops.common import DW_TC_ENV, SMEM_LIMIT, cdiv, dw_tc_from_env, from_device, k_residual, to_device
+from jetson_unet.ops.conv import fold_weights, pack_gemm
+from jetson_unet.ops.conv_halo import HALO_SMEM_LIMIT
+from jetson_unet.ops.dwconv import DW_TC_TILE, dwconv_cp, dwconv_tc, dwconv_tc_cpw, pack_dw_tc
+from jetson_unet.ops.io import init_tc
+from jetson_unet.ops.specs import kernel_kind
+from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
+from jetson_unet.model.plan import CAT, CONV, Op  # noqa: E402
+from jetson_unet.model.reference import Reference, gn1, run_op  # noqa: E402
+from jetson_unet.model.weights import random_params  # noqa: E402
 
 ODD = UNetConfig(dim=12, image_size=24, dim_mults=(1, 2, 3), time_dim=48)
 
@@ -49,17 +54,17 @@ KIND = {np.uint64: "p", np.int32: "i", np.float32: "f"}
 def test_launch_arguments_match_kernel_parameters(cfg, precision, dw_tc, monkeypatch):
     if precision == "fp32" and dw_tc == "1":
         pytest.skip("fp32 has no tensor-core depthwise conv: the same module as dw-ffma")
-    monkeypatch.setenv(ops.DW_TC_ENV, dw_tc)
+    monkeypatch.setenv(DW_TC_ENV, dw_tc)
     fb = FakeBackend(sms=8)
     ex = GpuExecutor(W(cfg), precision, batch=3, backend=fb)
     assert ex.launches_per_call == sum(op.kind != CAT for op in ex.plan.ops) < 80
     for spec, launch in zip(ex.specs, ex.launches):
-        kinds = kernel_params(MACRO[ops.kernel_kind(spec.op, ex.plan)])
+        kinds = kernel_params(MACRO[kernel_kind(spec.op, ex.plan)])
         got = [KIND[type(a)] for a in launch.args]
         assert got == kinds, (spec.op.out, got, kinds)
         # dynamic smem past 48 KB only for the halo conv, by its opt-in (the built-in tiles of 8 SMs
         # take it where the grid is deep)
-        limit = ops.HALO_SMEM_LIMIT if getattr(spec.key, "halo", False) else ops.SMEM_LIMIT
+        limit = HALO_SMEM_LIMIT if getattr(spec.key, "halo", False) else SMEM_LIMIT
         assert launch.smem <= min(limit, launch.fn.max_dynamic_shared) and all(g >= 1 for g in launch.grid)
         assert launch.grid[2] in (1, 3)
     src, options, symbols = fb.compiled[0]
@@ -76,9 +81,9 @@ def test_one_module_serves_every_batch():
 
 
 def test_depthwise_channel_pairs_only_where_the_grid_is_deep(monkeypatch):
-    """ops.dwconv_cp (the FFMA kernel: $JETSON_UNET_DW_TC=0): two channels per thread where the
+    """dwconv_cp (the FFMA kernel: $JETSON_UNET_DW_TC=0): two channels per thread where the
     one-channel grid has more CTAs than SMs and the image has 16 rows; never with scalar loads."""
-    monkeypatch.setenv(ops.DW_TC_ENV, "0")
+    monkeypatch.setenv(DW_TC_ENV, "0")
 
     def pairs(cfg, batch, sms):
         ex = GpuExecutor(W(cfg), "fp16", batch=batch, backend=FakeBackend(sms=sms))
@@ -90,15 +95,15 @@ def test_depthwise_channel_pairs_only_where_the_grid_is_deep(monkeypatch):
     assert not {n for n in b16 if n.startswith(("downs.3.", "mid.", "ups.0."))}   # 8x8 maps
     assert "ups.3.block1.ds_conv" in pairs(UNetConfig(), 1, 8)                     # the Orin Nano's 8 SMs
     assert pairs(ODD, 16, 8)                                                       # 12-36 channels: 8-byte vectors
-    assert ops.dwconv_cp(64, 64, 16, 8, vec=1) == 1                                # scalar loads: one channel
+    assert dwconv_cp(64, 64, 16, 8, vec=1) == 1                                # scalar loads: one channel
 
 
 def test_depthwise_on_tensor_cores_by_default_and_where_it_applies(monkeypatch):
-    """By default ($JETSON_UNET_DW_TC unset, empty or 1) ops.dwconv_tc puts the 16-bit depthwise convs
+    """By default ($JETSON_UNET_DW_TC unset, empty or 1) dwconv_tc puts the 16-bit depthwise convs
     of images of >= 16 rows on kernels/dwconv.cu dwconv_tc (16 x 16 x 8 CPW tiles, B fragments packed
     by the host); 8x8 maps, fp32 and $JETSON_UNET_DW_TC=0 keep the FFMA kernel."""
     def dw(precision, env):
-        monkeypatch.setenv(ops.DW_TC_ENV, env)
+        monkeypatch.setenv(DW_TC_ENV, env)
         ex = GpuExecutor(W(UNetConfig()), precision, batch=16, backend=FakeBackend(sms=132))
         writer = {op.out: op for op in ex.plan.ops}
         return ex, {s.op.out: (s, L) for s, L in zip(ex.specs, ex.launches) if s.op.out.endswith(".ds_conv")}, writer
@@ -107,10 +112,10 @@ def test_depthwise_on_tensor_cores_by_default_and_where_it_applies(monkeypatch):
         ex, got, writer = dw("fp16", env)
         for name, (spec, L) in got.items():
             xt = ex.plan.tensors[writer[name].x]
-            if xt.size >= ops.DW_TC_TILE:
-                cpw = ops.dwconv_tc_cpw(xt.size, xt.channels, 16, 132)
+            if xt.size >= DW_TC_TILE:
+                cpw = dwconv_tc_cpw(xt.size, xt.channels, 16, 132)
                 assert L.fn.symbol == f"dwconv7_f16_tc{cpw}", name
-                assert L.grid == (ops.cdiv(xt.size, 16) ** 2, ops.cdiv(xt.channels, 8 * cpw), 16) and L.block == (256, 1, 1)
+                assert L.grid == (cdiv(xt.size, 16) ** 2, cdiv(xt.channels, 8 * cpw), 16) and L.block == (256, 1, 1)
                 assert spec.blobs["w"].shape == (xt.channels, 7, 32, 2, 2) and spec.blobs["w"].dtype == np.float16
             else:
                 assert "_tc" not in L.fn.symbol, name
@@ -119,19 +124,19 @@ def test_depthwise_on_tensor_cores_by_default_and_where_it_applies(monkeypatch):
     for precision, env in (("fp32", "1"), ("fp32", ""), ("fp16", "0"), ("bf16", "0")):
         assert not any("_tc" in L.fn.symbol for _, L in dw(precision, env)[1].values()), (precision, env)
     # channels per warp: 4 where that grid has a CTA per SM, else 2, else 1
-    assert ops.dwconv_tc_cpw(64, 32, 16, 132) == 4 and ops.dwconv_tc_cpw(32, 64, 16, 132) == 2
-    assert ops.dwconv_tc_cpw(16, 128, 16, 132) == 1 and ops.dwconv_tc_cpw(64, 32, 1, 132) == 1
-    assert ops.dwconv_tc_cpw(64, 32, 1, 8) == 4   # the Orin Nano's 8 SMs
+    assert dwconv_tc_cpw(64, 32, 16, 132) == 4 and dwconv_tc_cpw(32, 64, 16, 132) == 2
+    assert dwconv_tc_cpw(16, 128, 16, 132) == 1 and dwconv_tc_cpw(64, 32, 1, 132) == 1
+    assert dwconv_tc_cpw(64, 32, 1, 8) == 4   # the Orin Nano's 8 SMs
     with pytest.raises(ConfigError, match="JETSON_UNET_DW_TC"):
-        ops.dw_tc_from_env({ops.DW_TC_ENV: "yes"})
+        dw_tc_from_env({DW_TC_ENV: "yes"})
 
 
 def test_packed_depthwise_fragments_are_the_toeplitz_rows():
-    """ops.pack_dw_tc: lane l's registers hold B[k][n] = w[c, ky, k - n] (0 <= k - n < 7, else 0) at
+    """pack_dw_tc: lane l's registers hold B[k][n] = w[c, ky, k - n] (0 <= k - n < 7, else 0) at
     k = 2 (l % 4) + 8 r + e, n = l // 4: the band of each kernel row, as the mma reads it."""
     rng = np.random.default_rng(3)
     w = rng.standard_normal((5, 1, 7, 7)).astype(np.float32)
-    frag = ops.pack_dw_tc(w, 7, "fp32")
+    frag = pack_dw_tc(w, 7, "fp32")
     for c, ky in ((0, 0), (4, 6), (2, 3)):
         b = np.zeros((16, 8), dtype=np.float32)
         for lane in range(32):
@@ -145,7 +150,7 @@ def test_packed_depthwise_fragments_are_the_toeplitz_rows():
 
 
 def test_init_conv_on_tensor_cores_for_16_bit_and_small_images():
-    """ops.init_tc: the image-input conv runs init_conv_tc for fp16 / bf16 and images of <= 4
+    """init_tc: the image-input conv runs init_conv_tc for fp16 / bf16 and images of <= 4
     channels at every batch; fp32 and wider images keep the FFMA kernel."""
     def init_symbol(cfg, precision, batch):
         ex = GpuExecutor(W(cfg), precision, batch=batch, backend=FakeBackend(sms=132))
@@ -159,7 +164,7 @@ def test_init_conv_on_tensor_cores_for_16_bit_and_small_images():
 
 def test_bf16_rounding_is_nearest_even():
     x = np.array([1.0, 1.00390625, 1.005859375, -2.5, 3.0e38, 1e-40], dtype=np.float32)
-    b = ops.from_device(ops.to_device(x, "bf16"), "bf16")
+    b = from_device(to_device(x, "bf16"), "bf16")
     assert b[0] == 1.0 and b[1] == 1.0 and b[2] == np.float32(1.0078125) and b[3] == -2.5
     assert np.all(np.abs(b - x) <= np.abs(x) * 2.0 ** -8 + 1e-38)
 
@@ -180,7 +185,7 @@ def emulate(spec, key, env, plan, params, precision):
     pad = kh // 2 if st == 1 else 0
     bk = key.bk
     w = spec.blobs["w"]
-    w = ops.from_device(w, precision) if precision != "fp32" else w.T
+    w = from_device(w, precision) if precision != "fp32" else w.T
     k0p = -(-kh * kh * cin // bk) * bk
     k = np.arange(k0p)
     tap, c = k // cin, k % cin
@@ -199,7 +204,7 @@ def emulate(spec, key, env, plan, params, precision):
     out = a @ w[:, :k0p].T
     if fold:
         out = (out - mean[:, None, None, None] * q) * rstd[:, None, None, None]
-    if ops.k_residual(op):   # a residual_conv's 1x1 weights or an identity residual's identity
+    if k_residual(op):   # a residual_conv's 1x1 weights or an identity residual's identity
         r = env[op.residual].transpose(0, 2, 3, 1)
         out = out + r @ w[:, k0p:k0p + r.shape[-1]].T
     out = out[..., :ot.channels] + spec.blobs["bias"][:ot.channels]
@@ -217,11 +222,11 @@ def test_packed_weights_reproduce_every_gemm_conv(cfg, precision):
     ref.eps(rng.standard_normal((2, cfg.channels, cfg.image_size, cfg.image_size)), np.array([3, 7]), env)
     tol = 1e-6 if precision == "fp32" else 3e-2   # fp32 weights vs float64; bf16 weights
     for spec in ex.specs:
-        if ops.kernel_kind(spec.op, ex.plan) != "gemm":
+        if kernel_kind(spec.op, ex.plan) != "gemm":
             continue
         op = spec.op
         plain = op.__class__(CONV, op.out, op.inputs, op.prefix, k=op.k, in_map=op.in_map, norm=op.norm,
-                             residual=ops.k_residual(op),
+                             residual=k_residual(op),
                              residual_conv=op.residual_conv)
         want = run_op(plain, env, ref.params, ex.plan)
         got = emulate(spec, spec.key, env, ex.plan, ref.params, precision)
@@ -232,7 +237,7 @@ def test_packed_weights_reproduce_every_gemm_conv(cfg, precision):
 def test_identity_residual_joins_the_gemm_as_a_k_segment():
     """A block's identity residual (conv2 without activation) is the GEMM's second K segment with
     identity weights, not the epilogue's `res`; a residual after an activation stays in the epilogue."""
-    kr = ops.k_residual
+    kr = k_residual
     assert kr(Op(CONV, "o", ("h",), "p", k=3, residual="x")) == "x"
     assert kr(Op(CONV, "o", ("h",), "p", k=3, residual="x", residual_conv="p.res_conv")) == "x"
     assert kr(Op(CONV, "o", ("h",), "p", k=3, residual="x", act="gelu")) is None
@@ -242,14 +247,14 @@ def test_identity_residual_joins_the_gemm_as_a_k_segment():
     seen = 0
     for spec in ex.specs:
         op = spec.op
-        if op.kind != CONV or not op.residual or op.residual_conv or ops.kernel_kind(op, ex.plan) != "gemm":
+        if op.kind != CONV or not op.residual or op.residual_conv or kernel_kind(op, ex.plan) != "gemm":
             continue
         seen += 1
         n = ex.plan.tensors[op.out].channels
         args = launches[op.out].args   # CONV_PARAMS: 5 xr, 6 Cr, 10 nk0, 11 nk1, 22 res
         assert int(args[5]) and int(args[6]) == n and int(args[11]) > 0, op.out
         assert int(args[22]) == 0, op.out
-        w, k0 = ops.from_device(spec.blobs["w"], "fp16"), int(args[10]) * spec.key.bk
+        w, k0 = from_device(spec.blobs["w"], "fp16"), int(args[10]) * spec.key.bk
         assert np.array_equal(w[:n, k0:k0 + n], np.eye(n)) and not w[:n, k0 + n:].any(), op.out
     assert seen >= 5   # downs.0.block1, every downs.*.block2, mid.block1/2
 
@@ -303,16 +308,16 @@ def test_weight_upload_early_start(early):
 def test_images_past_the_kernels_division_range_are_refused():
     """The GEMM kernels' set-up divides with div_small (exact below 2^22): a 2048 x 2048 image has
     2^22 pixels per sample and is refused before anything is built; 1024 x 1024 is not."""
-    from runtime.errors import ConfigError
-    from runtime.plan import build_plan
+    from jetson_unet.errors import ConfigError
+    from jetson_unet.model.plan import build_plan
     for size, ok in ((1024, True), (2048, False)):
         plan = build_plan(UNetConfig(image_size=size))
         gemm = [op for op in plan.ops if op.kind == CONV and op.x != plan.input and op.groups == 1]
         if ok:
-            assert ops.kernel_kind(gemm[0], plan) == "gemm"
+            assert kernel_kind(gemm[0], plan) == "gemm"
         else:
             with pytest.raises(ConfigError, match="4194304 pixels per sample"):
-                ops.kernel_kind(gemm[0], plan)
+                kernel_kind(gemm[0], plan)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
@@ -320,7 +325,7 @@ def test_images_past_the_kernels_division_range_are_refused():
 def test_device_noise_stream(batch, graphs):
     """Device noise is drawn on a side stream beside the steps with graphs, on the compute stream
     between them without."""
-    from runtime.gpu.sampling import GpuSampler
+    from jetson_unet.sampling.gpu import GpuSampler
     s = GpuSampler(W(UNetConfig()), "fp16", batch, mode="gpu", graphs=graphs, backend=FakeBackend(), noise="device")
     assert (s.side is s.compute[0]) == (not graphs)
     assert len(s.streams) == len({id(x) for x in s.streams}), "each stream once"
@@ -340,15 +345,15 @@ def test_packing_shortcuts_give_the_float64_route_s_bits(precision, src):
     gn_w = rng.uniform(-2, 2, cin).astype(np.float16)
     gn_b = rng.standard_normal(cin).astype(np.float16)
     bias = rng.standard_normal(n).astype(np.float32)
-    wf, bf = ops.fold_weights(seg0, bias, gn_w, gn_b)
+    wf, bf = fold_weights(seg0, bias, gn_w, gn_b)
     w64 = seg0.astype(np.float64)
     g64, b64 = np.tile(gn_w.astype(np.float64), taps), np.tile(gn_b.astype(np.float64), taps)
     assert wf.dtype == np.float32 and np.array_equal(wf.view(np.uint32), (w64 * g64).astype(np.float32).view(np.uint32))
     assert np.array_equal(bf, (bias.astype(np.float64) + w64 @ b64).astype(np.float32))
     for segs in ([seg0, seg1], [wf, seg1]):
-        got, ld, nks = ops.pack_gemm(precision, 32, 64, segs)
+        got, ld, nks = pack_gemm(precision, 32, 64, segs)
         plain = np.zeros((64, 256 + 64), np.float32)   # N to BN 32, each K segment to BK 64
         plain[:n, :taps * cin] = segs[0]
         plain[:n, 256:256 + 16] = segs[1]
-        want = plain.T.copy() if precision == "fp32" else ops.to_device(plain, precision)
+        want = plain.T.copy() if precision == "fp32" else to_device(plain, precision)
         assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8)) and nks == [4, 1]

@@ -1,6 +1,6 @@
 """The image-input conv (kernels/io.cu init_conv, and init_conv_tc on tensor cores) run on the CPU
 by tests/emu/simt.h (see tests/test_conv_pipe_emulated.py) against the NumPy reference's conv2d in
-float64: tiles 8 and 16 pixels wide (ops.init_tw, the FFMA kernel), ragged
+float64: tiles 8 and 16 pixels wide (init_tw, the FFMA kernel), ragged
 last row and column tiles, output channel counts that are not a multiple of 8 or 32 (a partial last
 group or pass, scalar stores), the output a view of a wider buffer (at an odd channel offset too:
 no paired stores), images of 1, 3 and 4 channels, two samples, fp16 / bf16 / fp32 outputs. Outputs
@@ -14,9 +14,10 @@ import ctypes
 import numpy as np
 import pytest
 
-from runtime.gpu import ops
-from runtime.gpu.kernels import SimpleKey
-from runtime.reference import conv2d
+from jetson_unet.ops.common import cdiv, padded, round_up
+from jetson_unet.ops.io import INIT_TC_THREADS, INIT_TC_TILE, INIT_TILE, init_spec, init_tc_steps, init_tw, pack_init_tc
+from jetson_unet.ops.keys import SimpleKey
+from jetson_unet.model.reference import conv2d
 from test_conv_pipe_emulated import kernel_lib, macro_params
 from test_dwconv_emulated import as_float, poison
 
@@ -51,8 +52,8 @@ def test_pack_init_tc_is_the_b_fragment_layout():
     holds column g, k pairs 2t, 2t + 1 and 2t + 8, + 9), are the weight at (tap, channel) = divmod(k, 4)."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((10, 3, 3, 3)).astype(np.float32)
-    f = ops.pack_init_tc(w, "fp16", 32).astype(np.float32)
-    steps = ops.init_tc_steps(3)
+    f = pack_init_tc(w, "fp16", 32).astype(np.float32)
+    steps = init_tc_steps(3)
     assert f.shape == (steps, 4, 32, 2, 2)
     for s in range(steps):
         for j in range(4):
@@ -73,16 +74,16 @@ def test_init_conv_matches_reference(lib, case):
     wt = (rng.standard_normal((cout, cin, K, K)) / K).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
     if kind == "init_tc":
-        coutp = ops.round_up(cout, 32)
-        wp = ops.pack_init_tc(wt, dt, coutp)
-        th, tw = ops.INIT_TC_TILE
-        grid, nt = ops.cdiv(h, th) * ops.cdiv(w, tw), ops.INIT_TC_THREADS
+        coutp = round_up(cout, 32)
+        wp = pack_init_tc(wt, dt, coutp)
+        th, tw = INIT_TC_TILE
+        grid, nt = cdiv(h, th) * cdiv(w, tw), INIT_TC_THREADS
     else:
-        coutp = ops.round_up(cout, 8)
+        coutp = round_up(cout, 8)
         wp = np.zeros((K, K, cin, coutp), dtype=np.float32)
         wp[..., :cout] = wt.transpose(2, 3, 1, 0)
-        grid, nt = ops.cdiv(h, ops.INIT_TILE) * ops.cdiv(w, var), 256
-    bp = ops.padded(bias, coutp)
+        grid, nt = cdiv(h, INIT_TILE) * cdiv(w, var), 256
+    bp = padded(bias, coutp)
     out = poison((b, h, w, ldo), dt)
     esize = 4 if dt == "fp32" else 2
     args = [ctypes.c_void_p(x.ctypes.data), h, w, cin, ctypes.c_void_p(wp.ctypes.data),
@@ -104,7 +105,7 @@ def test_init_conv_matches_reference(lib, case):
 
 
 def launch(lib, key, tiles, batch, threads, args):
-    """The kernel over its launch grid: tiles + 1 CTAs per sample (ops.init_spec)."""
+    """The kernel over its launch grid: tiles + 1 CTAs per sample (init_spec)."""
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(macro_params("io.cu", "INIT_PARAMS"), args)]
     getattr(lib, "emu_" + key.symbol)(tiles + 1, 1, batch, threads, *cargs)
 
@@ -117,14 +118,14 @@ def test_init_conv_advances_the_sampler_step_once_per_launch(lib, case):
     name, dt, kind, var, cin, h, w, cout, ldo, o0, b = case
     rng = np.random.default_rng(8)
     x = rng.standard_normal((b, h, w, cin)).astype(np.float32)
-    coutp = ops.round_up(cout, 32) if kind == "init_tc" else ops.round_up(cout, 8)
+    coutp = round_up(cout, 32) if kind == "init_tc" else round_up(cout, 8)
     if kind == "init_tc":
-        wp = ops.pack_init_tc(rng.standard_normal((cout, cin, K, K)).astype(np.float32), dt, coutp)
-        th, tw = ops.INIT_TC_TILE
-        tiles, nt = ops.cdiv(h, th) * ops.cdiv(w, tw), ops.INIT_TC_THREADS
+        wp = pack_init_tc(rng.standard_normal((cout, cin, K, K)).astype(np.float32), dt, coutp)
+        th, tw = INIT_TC_TILE
+        tiles, nt = cdiv(h, th) * cdiv(w, tw), INIT_TC_THREADS
     else:
         wp = rng.standard_normal((K, K, cin, coutp)).astype(np.float32)
-        tiles, nt = ops.cdiv(h, ops.INIT_TILE) * ops.cdiv(w, var), 256
+        tiles, nt = cdiv(h, INIT_TILE) * cdiv(w, var), 256
     bp = rng.standard_normal(coutp).astype(np.float32)
     n_steps = 3
     t_of_step = np.array([90, 45, 7], np.int32)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import knockout as K  # noqa: E402
 
-from runtime.errors import UsageError  # noqa: E402
+from jetson_unet.errors import UsageError  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(K.KNOCKOUTS))

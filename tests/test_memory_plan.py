@@ -1,4 +1,4 @@
-"""CPU checks of the memory plan (runtime.gpu.memory): the report's bytes equal what the executor and
+"""CPU checks of the memory plan (jetson_unet.executor.memory): the report's bytes equal what the executor and
 the sampler request from a recording fake backend, the executor refuses a batch before compiling,
 budgets, the largest-batch search, and `jetson-sample --plan-only` / `--prepare` end to end."""
 from __future__ import annotations
@@ -13,14 +13,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from fakes import FakeBackend  # noqa: E402
 
-from runtime import cli  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.errors import ArenaError, UsageError  # noqa: E402
-from runtime.gpu import aot, memory  # noqa: E402
-from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.gpu.kernels import KernelSet  # noqa: E402
-from runtime.gpu.sampling import GpuSampler  # noqa: E402
-from runtime.weights import random_params, save_weights  # noqa: E402
+from jetson_unet import cli  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.errors import ArenaError, UsageError  # noqa: E402
+from jetson_unet.build import aot
+from jetson_unet.executor import memory  # noqa: E402
+from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
+from jetson_unet.build.loader import KernelSet  # noqa: E402
+from jetson_unet.sampling.gpu import GpuSampler  # noqa: E402
+from jetson_unet.model.weights import random_params, save_weights  # noqa: E402
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
 ODD = UNetConfig(image_size=12, dim=6, dim_mults=(1, 2, 3), time_dim=20)
@@ -172,21 +173,21 @@ def test_prepare_cli_then_up_to_date(tiny_path, tmp_path, capsys, monkeypatch):
 
 def test_sampling_cli_shows_the_compile_notice_on_stderr(tiny_path, tmp_path, capsys, monkeypatch):
     """The loader's notice hook is the CLI's for the length of the sampling call, then restored."""
-    from runtime.gpu import kernels
-    from runtime.pipeline import Pipeline
+    from jetson_unet.build.loader import _notice, compile_notice
+    from jetson_unet.pipeline import Pipeline
     real = Pipeline.sample
 
     def sample(self, *a, **kw):
-        kernels._notice(kernels.compile_notice(87))      # what load_module says before compiling
+        _notice(compile_notice(87))      # what load_module says before compiling
         return real(self, *a, **kw)
 
     monkeypatch.setattr(Pipeline, "sample", sample)
-    before = kernels._notice
+    before = _notice
     assert cli.main(["--weights", tiny_path, "--out", str(tmp_path / "g.png"), "--batch", "1", "--backend",
                      "numpy", "--steps", "2", "--sampler", "ddim", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "compiling GPU kernels for sm_87 (first run; `jetson-sample --prepare` does this ahead of time)" in err
-    assert kernels._notice is before
+    assert _notice is before
 
 
 @pytest.mark.parametrize("mode", ["gpu", "cpu"])

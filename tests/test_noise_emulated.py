@@ -1,5 +1,5 @@
 """kernels/noise.cu run on the CPU by tests/emu/simt.h (g++, one std::thread per CUDA thread) under the
-real host driver, runtime.gpu.noise.DeviceNoise, through a backend whose memory is host memory and
+real host driver, jetson_unet.ops.noise.DeviceNoise, through a backend whose memory is host memory and
 whose kernels are the emulated ones: the draws must equal NumPy's standard_normal(float32) bit for
 bit, the state after them NumPy's, in both output layouts; the ambiguity hook and a draw that runs
 out of words must raise the flags. The kernel's log1pf is checked against this libm's log1pf on all
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import kernels_dir
-from runtime.gpu import noise_ref
-from runtime.gpu.noise import FLAG_AMBIGUOUS, FLAG_SHORT, DeviceNoise
+from jetson_unet.paths import kernels_dir
+from jetson_unet.ops import noise_ref
+from jetson_unet.ops.noise import FLAG_AMBIGUOUS, FLAG_SHORT, DeviceNoise
 from test_conv_pipe_emulated import compile_emu
 
 pytestmark = pytest.mark.slow
@@ -262,11 +262,11 @@ def test_sampler_device_noise_feeds_the_spec_stream(lib, monkeypatch, window):
     """gpu mode with noise="device" end to end on the emulated kernels: x_T lands in the executor's
     NHWC input and each noisy step's row in the sampler's row buffer, both the spec's stream; a
     flagged run (the ambiguity hook) is redrawn on the host into the same buffers."""
-    from runtime.config import Schedule, UNetConfig
-    from runtime.gpu.kernels import KernelSet
-    from runtime.gpu.sampling import GpuSampler
-    from runtime.schedule import NoiseStream, make_steps
-    from runtime.weights import random_params
+    from jetson_unet.model.config import Schedule, UNetConfig
+    from jetson_unet.build.loader import KernelSet
+    from jetson_unet.sampling.gpu import GpuSampler
+    from jetson_unet.model.schedule import NoiseStream, make_steps
+    from jetson_unet.model.weights import random_params
 
     cfg = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32, schedule=Schedule(timesteps=10, beta_end=0.005))
 

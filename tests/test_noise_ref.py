@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.errors import NoiseUnsupported
-from runtime.gpu import noise_ref as nr
-from runtime.gpu.noise import pack_state, unpack_state
+from jetson_unet.errors import NoiseUnsupported
+from jetson_unet.ops import noise_ref as nr
+from jetson_unet.ops.noise import pack_state, unpack_state
 
 
 def numpy_draw(seed: int, n: int) -> np.ndarray:

@@ -15,11 +15,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from cubin_fakes import FakeNvrtc, write_fake_nvcc  # noqa: E402
 
-from runtime import cli  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.errors import KernelCompileError, UsageError  # noqa: E402
-from runtime.gpu import aot, compilers, cubins, nvrtc_lib  # noqa: E402
-from runtime.weights import random_params  # noqa: E402
+from jetson_unet import cli  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.errors import KernelCompileError, UsageError  # noqa: E402
+from jetson_unet.build import aot
+from jetson_unet.build import compilers
+from jetson_unet.build import cache as cubins
+from jetson_unet.build import nvrtc_lib  # noqa: E402
+from jetson_unet.model.weights import random_params  # noqa: E402
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
 PIP_LIB = "/site/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"
@@ -120,7 +123,7 @@ def test_without_cupy_or_pip_nvrtc_the_messages_name_the_package(no_pip_nvrtc, m
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(UsageError, match="nvidia-cuda-nvrtc-cu11"):
         aot.pick_compiler("nvrtc")
-    monkeypatch.setattr("runtime.gpu.backend_pycuda.find_nvcc", lambda: None)
+    monkeypatch.setattr("jetson_unet.backends.pycuda.find_nvcc", lambda: None)
     with pytest.raises(UsageError, match="no CUDA compiler here.*nvidia-cuda-nvrtc-cu11"):
         aot.pick_compiler("auto")
 

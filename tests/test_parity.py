@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.config import UNetConfig
-from runtime.reference import Reference
-from runtime.weights import Weights, content_hash, load_weights, random_params
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.reference import Reference
+from jetson_unet.model.weights import Weights, content_hash, load_weights, random_params
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -15,13 +15,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from fakes import FakeBackend, own_module_cache  # noqa: E402,F401  (the fixture: autouse)
 
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.errors import BackendUnavailable, ConfigError, LaunchError  # noqa: E402
-from runtime.gpu import launch_ex  # noqa: E402
-from runtime.gpu.backend import CupyBackend  # noqa: E402
-from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.gpu.kernels import module_source, nvrtc_options  # noqa: E402
-from runtime.weights import random_params  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.errors import BackendUnavailable, ConfigError, LaunchError  # noqa: E402
+from jetson_unet.executor import launch_ex  # noqa: E402
+from jetson_unet.backends.cupy import CupyBackend  # noqa: E402
+from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
+from jetson_unet.build.sources import module_source, nvrtc_options  # noqa: E402
+from jetson_unet.model.weights import random_params  # noqa: E402
 
 
 class W:

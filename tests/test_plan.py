@@ -12,9 +12,9 @@ from typing import Dict, Tuple
 import numpy as np
 import pytest
 
-from runtime import plan as P
-from runtime.config import UNetConfig
-from runtime.plan import build_plan, lifetimes
+from jetson_unet.model import plan as P
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.plan import build_plan, lifetimes
 
 DEFAULT = UNetConfig()
 DEFAULT_N_PARAMS = 15_885_671          # "about 15.9 M parameters" in the spec

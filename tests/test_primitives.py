@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from runtime import reference as R
+from jetson_unet.model import reference as R
 
 DTYPES = (np.float32, np.float64)
 
@@ -128,11 +128,11 @@ def test_a_gpu_process_does_not_import_scipy():
 import sys
 sys.path.insert(0, "tests/gpu")
 from fakes import FakeBackend
-import runtime.cli, runtime.pipeline, runtime.gpu.sampling
-from runtime.gpu.executor import GpuExecutor
-from runtime.config import UNetConfig
-from runtime.weights import random_params
-import runtime.reference as R
+import jetson_unet.cli, jetson_unet.pipeline, jetson_unet.sampling.gpu
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.weights import random_params
+import jetson_unet.model.reference as R
 made = []
 class Spy(R.CastParams):
     def __getitem__(self, name):

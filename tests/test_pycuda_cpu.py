@@ -13,13 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.config import UNetConfig
-from runtime.errors import BackendUnavailable, KernelCompileError
-from runtime.gpu import backend as backend_mod
-from runtime.gpu import backend_pycuda as bp
-from runtime.gpu.executor import GpuExecutor
-from runtime.gpu.kernels import KernelSet, nvrtc_options
-from runtime.weights import random_params
+from jetson_unet.model.config import UNetConfig
+from jetson_unet import backends as backend_mod  # noqa: E402
+from jetson_unet.errors import BackendUnavailable, KernelCompileError
+from jetson_unet.backends import BACKENDS, _CACHE, get_backend, gpu_available
+from jetson_unet.backends import pycuda as bp
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.build.loader import KernelSet
+from jetson_unet.build.sources import nvrtc_options
+from jetson_unet.model.weights import random_params
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
 
@@ -131,15 +133,15 @@ def test_compiler_log_and_missing_nvcc_become_kernel_compile_errors(tmp_path):
 # ---- one-line errors when something is missing ------------------------------------------------------------
 @pytest.fixture
 def fresh_backends(monkeypatch):
-    monkeypatch.delitem(backend_mod._CACHE, "pycuda", raising=False)
+    monkeypatch.delitem(_CACHE, "pycuda", raising=False)
     yield
-    backend_mod._CACHE.pop("pycuda", None)
+    _CACHE.pop("pycuda", None)
 
 
 def test_pycuda_missing(monkeypatch, fresh_backends):
     monkeypatch.setitem(sys.modules, "pycuda", None)
-    assert "pycuda" in backend_mod.BACKENDS
-    reason = backend_mod.gpu_available("pycuda")
+    assert "pycuda" in BACKENDS
+    reason = gpu_available("pycuda")
     assert reason.startswith("pycuda is not installed") and "docs/pycuda.md" in reason
 
 
@@ -147,7 +149,7 @@ def test_pycuda_without_driver(monkeypatch, fresh_backends):
     monkeypatch.setitem(sys.modules, "pycuda", types.ModuleType("pycuda"))
     monkeypatch.setitem(sys.modules, "pycuda.driver", None)   # as when libcuda.so.1 cannot be loaded
     with pytest.raises(BackendUnavailable, match="cannot load the CUDA driver"):
-        backend_mod.get_backend("pycuda")
+        get_backend("pycuda")
 
 
 def test_pycuda_without_its_dependencies(monkeypatch, fresh_backends):
@@ -155,7 +157,7 @@ def test_pycuda_without_its_dependencies(monkeypatch, fresh_backends):
     monkeypatch.setitem(sys.modules, "pycuda.driver", types.ModuleType("pycuda.driver"))
     monkeypatch.setitem(sys.modules, "pycuda.compiler", None)   # as when pytools is missing
     with pytest.raises(BackendUnavailable, match="pytools"):
-        backend_mod.get_backend("pycuda")
+        get_backend("pycuda")
 
 
 # ---- a fake pycuda: the adapter through the executor, without a GPU ------------------------------------------
@@ -372,7 +374,8 @@ def test_real_kernels_compile_with_nvcc(tmp_path):
         pytest.skip("no nvcc")
     import pycuda.compiler
     import pycuda.driver
-    from runtime.gpu.kernels import SimpleKey, module_source
+    from jetson_unet.ops.keys import SimpleKey
+    from jetson_unet.build.sources import module_source
     keys = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "bf16")]
     nv = bp.nvcc_args(nvrtc_options(87))
     cubin = bp.build_cubin(pycuda.compiler, pycuda.driver.CompileError, module_source(keys), "t.cu", nv, nvcc,

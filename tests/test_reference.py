@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime import reference as R
-from runtime.reference import Reference
-from runtime.weights import load_weights, save_weights
+from jetson_unet.model import reference as R
+from jetson_unet.model.reference import Reference
+from jetson_unet.model.weights import load_weights, save_weights
 
 # float32 vs float64 on the same weights: per-op float32 rounding (~6e-8) accumulated over ~30
 # layers with O(1) activations (measured ~5e-7); 1e-5 relative L2 is the bound set for fp32.

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from runtime.config import Schedule, UNetConfig
-from runtime.errors import ConfigError, UsageError, WeightsError, WeightsFileError, WeightsFormatError
-from runtime.schedule import make_steps
-from runtime.weights import MANIFEST_KEY, content_hash, load_weights, random_params
+from jetson_unet.model.config import Schedule, UNetConfig
+from jetson_unet.errors import ConfigError, UsageError, WeightsError, WeightsFileError, WeightsFormatError
+from jetson_unet.model.schedule import make_steps
+from jetson_unet.model.weights import MANIFEST_KEY, content_hash, load_weights, random_params
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
 
@@ -81,8 +81,8 @@ def test_errors_survive_pickling_as_a_worker_process_sends_them():
     because errors whose __init__ takes other arguments than the message did not unpickle."""
     import pickle
 
-    from runtime.errors import KernelCompileError, WeightsShapeError
-    from runtime.gpu.nvrtc_lib import NVRTCError
+    from jetson_unet.errors import KernelCompileError, WeightsShapeError
+    from jetson_unet.build.nvrtc_lib import NVRTCError
 
     for e in (KernelCompileError("conv.cu", ("-std=c++17",), "m.cu(776): error: ..."),
               NVRTCError("/x/libnvrtc.so", "nvrtcCompileProgram", 6, "NVRTC_ERROR_COMPILATION"),

@@ -13,14 +13,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
 from fakes import FakeBackend, FakeEvent  # noqa: E402
 
-from runtime.config import Schedule, UNetConfig  # noqa: E402
-from runtime.errors import Cancelled, NoiseUnsupported, UsageError  # noqa: E402
-from runtime.gpu import noise_ref  # noqa: E402
-from runtime.gpu.kernels import KernelSet  # noqa: E402
-from runtime.gpu.noise import STATE_DTYPE  # noqa: E402
-from runtime.gpu.sampling import GpuRunError, GpuSampler  # noqa: E402
-from runtime.schedule import NoiseStream, make_steps  # noqa: E402
-from runtime.weights import random_params  # noqa: E402
+from jetson_unet.model.config import Schedule, UNetConfig  # noqa: E402
+from jetson_unet.errors import Cancelled, NoiseUnsupported, UsageError  # noqa: E402
+from jetson_unet.ops import noise_ref  # noqa: E402
+from jetson_unet.build.loader import KernelSet  # noqa: E402
+from jetson_unet.ops.noise import STATE_DTYPE  # noqa: E402
+from jetson_unet.sampling.gpu import GpuRunError, GpuSampler  # noqa: E402
+from jetson_unet.model.schedule import NoiseStream, make_steps  # noqa: E402
+from jetson_unet.model.weights import random_params  # noqa: E402
 
 CFG = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32, schedule=Schedule(timesteps=10, beta_end=0.005))
 
@@ -159,7 +159,7 @@ def test_device_noise_refused_falls_back_with_a_notice(monkeypatch):
     def refuse(*a, **k):
         raise NoiseUnsupported("device noise needs NumPy >= 1.22 (its float32 normal stream); this is NumPy 1.21.6")
 
-    monkeypatch.setattr("runtime.gpu.sampling.DeviceNoise", refuse)
+    monkeypatch.setattr("jetson_unet.sampling.gpu.DeviceNoise", refuse)
     notes = []
     s = GpuSampler(W(), "fp32", 2, mode="gpu", graphs=False, backend=FakeBackend(), noise="device", notice=notes.append)
     s.prepare()

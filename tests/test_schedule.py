@@ -10,10 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from runtime.config import Schedule
-from runtime.errors import UsageError
-from runtime.schedule import (NoiseStream, coefficients, ddim_steps, ddpm_steps, make_steps, p_sample,
-                              sample_loop, to_uint8)
+from jetson_unet.model.config import Schedule
+from jetson_unet.errors import UsageError
+from jetson_unet.model.schedule import NoiseStream, coefficients, ddim_steps, ddpm_steps, make_steps, p_sample, sample_loop, to_uint8
 
 SCHED = Schedule()       # T = 100, the spec's default
 T = SCHED.timesteps

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import telemetry as tm
-from runtime.telemetry import Sample, open_telemetry, parse_tegrastats_line, sample_from_jtop
+from jetson_unet.bench import telemetry as tm
+from jetson_unet.bench.telemetry import Sample, open_telemetry, parse_tegrastats_line, sample_from_jtop
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tegrastats"
 GOOD = ["orin_nano_jp6.txt", "orin_nano_jp6_sudo.txt", "orin_nano_jp5.txt", "jetpack4.txt",

@@ -8,9 +8,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import gemm_ceiling as G  # noqa: E402
-from runtime import cost  # noqa: E402
-from runtime import plan as P  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
+from jetson_unet.model import cost  # noqa: E402
+from jetson_unet.model import plan as P  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
 
 
 def test_shapes_are_every_gemm_op_of_the_call_with_its_flops():

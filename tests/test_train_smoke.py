@@ -13,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.plan import param_shapes  # noqa: E402
-from runtime.reference import Reference  # noqa: E402
-from runtime.weights import Weights, load_weights, random_params  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.model.plan import param_shapes  # noqa: E402
+from jetson_unet.model.reference import Reference  # noqa: E402
+from jetson_unet.model.weights import Weights, load_weights, random_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

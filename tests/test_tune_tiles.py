@@ -18,14 +18,18 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import tune_tiles  # noqa: E402
 from fakes import FakeBackend  # noqa: E402
-from runtime.errors import ConfigError  # noqa: E402
-from runtime.gpu import ops  # noqa: E402
-from runtime.gpu.executor import GpuExecutor, view_layout  # noqa: E402
-from runtime.gpu.kernels import ConvKey, KernelSet  # noqa: E402
-from runtime.gpu.tuning import (SHIPPED, builtin_tiles, candidates, k_segments, load_tiles, tunable,  # noqa: E402
-                                with_splits)
-from runtime.plan import build_plan  # noqa: E402
-from runtime.weights import load_weights  # noqa: E402
+from jetson_unet.errors import ConfigError  # noqa: E402
+from jetson_unet.ops.common import Ctx, SMEM_LIMIT, STAGES_ENV, TileChoice
+from jetson_unet.ops.conv import check_key
+from jetson_unet.ops.conv_halo import HALO_SMEM_LIMIT
+from jetson_unet.ops.conv_pipe import PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes
+from jetson_unet.ops.specs import op_spec
+from jetson_unet.executor.executor import GpuExecutor, view_layout  # noqa: E402
+from jetson_unet.ops.keys import ConvKey
+from jetson_unet.build.loader import KernelSet  # noqa: E402
+from jetson_unet.ops.tuning import SHIPPED, builtin_tiles, candidates, k_segments, load_tiles, tunable, with_splits  # noqa: E402
+from jetson_unet.model.plan import build_plan  # noqa: E402
+from jetson_unet.model.weights import load_weights  # noqa: E402
 
 
 def cost_us(symbol: str, grid) -> float:
@@ -95,7 +99,7 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
     assert doc["device"] == "fake" and doc["sms"] == 8 and doc["batch"] == 2
     tiles = load_tiles(path, "fp16", 2, 8, weights.config)
     plan = build_plan(weights.config)
-    ctx = ops.Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
+    ctx = Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
     tuned_ops = [op for op in plan.ops if tunable(op, ctx)]
     assert set(tiles) == {op.out for op in tuned_ops}
     for op in tuned_ops:
@@ -139,7 +143,7 @@ def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, mo
     assert tune_tiles.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path)]) == 0
     tiles = load_tiles(tmp_path / "tiles-fake-8sm-fp16-b2.json", "fp16", 2, 8, weights.config)
     plan = build_plan(weights.config)
-    ctx = ops.Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
+    ctx = Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
     checked = 0
     for op in plan.ops:
         if not tunable(op, ctx):
@@ -163,8 +167,8 @@ def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, mo
 
 
 def test_top_shapes_takes_the_fastest_variant_of_each_shape():
-    a, a2 = ops.TileChoice(32, 32, 2, 2, 64, 3), ops.TileChoice(32, 32, 2, 2, 32, 4)
-    b, c = ops.TileChoice(64, 32, 2, 2, 64, 3), ops.TileChoice(64, 32, 2, 2, 64, 3, halo=1)
+    a, a2 = TileChoice(32, 32, 2, 2, 64, 3), TileChoice(32, 32, 2, 2, 32, 4)
+    b, c = TileChoice(64, 32, 2, 2, 64, 3), TileChoice(64, 32, 2, 2, 64, 3, halo=1)
     timings = [(3.0, a2), (1.0, b), (2.0, a), (4.0, c)]
     assert tune_tiles.top_shapes(timings, 2) == [b, a]
     assert tune_tiles.top_shapes(timings, 5) == [b, a, c]
@@ -217,14 +221,14 @@ def test_tuner_times_several_m_tiles_per_cta_where_asked(weights, tmp_path, monk
 def test_several_m_tiles_per_cta_only_where_the_kernel_runs_them(weights, tmp_path):
     """A tile with mt > 1 (TileChoice.mt, a tuning file's "mt"): the cp.async conv without k slices
     only, never with split-K; each refusal one line naming the op; files without "mt" read as 1."""
-    from runtime.gpu.tuning import dump_tiles
+    from jetson_unet.ops.tuning import dump_tiles
     fake = FakeBackend(sms=8)
-    ok = ops.TileChoice(64, 64, 2, 2, 32, 3, splits=1, mt=3)
+    ok = TileChoice(64, 64, 2, 2, 32, 3, splits=1, mt=3)
     for name, tile, why in [("downs.0.block1.conv1", dataclasses.replace(ok, splits=2), "with split-K 2"),
                             ("downs.0.block1.conv1", dataclasses.replace(ok, ks=2), "several M tiles per CTA"),
-                            ("downs.0.block1.conv1", ops.TileChoice(64, 64, 2, 2, 64, 3, halo=1, mt=2),
+                            ("downs.0.block1.conv1", TileChoice(64, 64, 2, 2, 64, 3, halo=1, mt=2),
                              "several M tiles per CTA"),
-                            ("ups.3.gate@1", ops.TileChoice(64, 32, 2, 2, 32, 3, mt=2), "several M tiles per CTA")]:
+                            ("ups.3.gate@1", TileChoice(64, 32, 2, 2, 32, 3, mt=2), "several M tiles per CTA")]:
         with pytest.raises(ConfigError, match=rf"tuned tile of {re.escape(name)}: .*{why}"):
             GpuExecutor(weights, "fp16", batch=2, backend=fake, tiles={name: tile})
     path = tmp_path / "t.json"
@@ -253,9 +257,9 @@ def test_a_tuning_file_for_other_conditions_or_a_bad_tile_is_refused(weights, tm
 
 
 def test_find_tiles_skips_a_file_of_another_config(weights, tmp_path):
-    from runtime.config import UNetConfig
-    from runtime.gpu.tuning import dump_tiles, file_name, find_tiles
-    t = {"downs.0.block1.conv1": ops.TileChoice(32, 32, 2, 2, 64, 3, 0)}
+    from jetson_unet.model.config import UNetConfig
+    from jetson_unet.ops.tuning import dump_tiles, file_name, find_tiles
+    t = {"downs.0.block1.conv1": TileChoice(32, 32, 2, 2, 64, 3, 0)}
     meta = {"device": "fake", "sms": 8, "precision": "fp16", "batch": 1}
     path = tmp_path / file_name("fake", 8, "fp16", 1)
     dump_tiles(path, t, dict(meta, config=UNetConfig(dim=16).to_dict()))
@@ -267,23 +271,23 @@ def test_find_tiles_skips_a_file_of_another_config(weights, tmp_path):
 
 
 def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
-    """runtime/tiles/: every file loads for its own conditions and every tile passes ops.check_key."""
+    """runtime/tiles/: every file loads for its own conditions and every tile passes check_key."""
     files = sorted(SHIPPED.glob("*.json"))
     assert files
     plan = build_plan(weights.config)
     for f in files:
         doc = json.loads(f.read_text())
         tiles = load_tiles(f, doc["precision"], doc["batch"], doc["sms"], weights.config)
-        ctx = ops.Ctx(plan, weights.params, doc["precision"], doc["batch"], doc["sms"], view_layout(plan), tiles=tiles)
+        ctx = Ctx(plan, weights.params, doc["precision"], doc["batch"], doc["sms"], view_layout(plan), tiles=tiles)
         for op in plan.ops:
             if tunable(op, ctx):
-                ops.op_spec(op, ctx)   # raises ConfigError on an unsupported tile
+                op_spec(op, ctx)   # raises ConfigError on an unsupported tile
 
 
 def test_shipped_tiles_past_48_kb_launch_with_the_smem_opt_in(weights):
     """The batch-16 files pick kernels whose shared memory goes past the 48 KB (static + dynamic) that
     need no opt-in: the halo conv (kernels/conv_halo.cu; the H200's file) and the cp.async conv with
-    its ring in dynamic smem (ops.deep_ring; the H100's since session 28). The executor must raise
+    its ring in dynamic smem (deep_ring; the H100's since session 28). The executor must raise
     each such kernel's limit first (the fake, like the driver, refuses a launch past it), and they
     stay within the budgets that leave two CTAs per sm_87 SM."""
     kinds = set()
@@ -295,16 +299,16 @@ def test_shipped_tiles_past_48_kb_launch_with_the_smem_opt_in(weights):
             ex.run(ex.stream)
             for s in ex.specs:
                 k, L = s.key, launched[s.op.out]
-                if not isinstance(k, ConvKey) or not (k.halo or ops.deep_ring(k)):
+                if not isinstance(k, ConvKey) or not (k.halo or deep_ring(k)):
                     continue
                 kinds.add("halo" if k.halo else "deep")
                 if k.halo:
                     assert L.fn.symbol.endswith(("_h3", "_h3_f")) and f"CONV_HALO_INSTANCE({L.fn.symbol}," in src
-                    assert L.smem <= ops.HALO_SMEM_LIMIT, (path.name, s.op.out)
+                    assert L.smem <= HALO_SMEM_LIMIT, (path.name, s.op.out)
                 else:
-                    assert ops.pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages) < L.smem <= ops.PIPE_DEEP_LIMIT
+                    assert pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages) < L.smem <= PIPE_DEEP_LIMIT
                     assert f"CONV_PIPE_INSTANCE({L.fn.symbol}," in src
-                if L.smem + ops.PIPE_SCRATCH > ops.SMEM_LIMIT:
+                if L.smem + PIPE_SCRATCH > SMEM_LIMIT:
                     assert L.fn.opted_in >= L.smem, (path.name, s.op.out, L.smem)
     assert kinds == {"halo", "deep"}
 
@@ -312,7 +316,7 @@ def test_shipped_tiles_past_48_kb_launch_with_the_smem_opt_in(weights):
 def test_halo_tiles_give_way_to_the_builtin_tile_without_cp_async(weights, monkeypatch):
     """JETSON_UNET_CONV_STAGES=0 (conv_gemm everywhere): a tuned halo tile (measured for another
     kernel, and too large for conv_gemm's static smem) is replaced by the built-in tile, not refused."""
-    monkeypatch.setenv(ops.STAGES_ENV, "0")
+    monkeypatch.setenv(STAGES_ENV, "0")
     tiles = load_tiles(SHIPPED / "tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b16.json", "fp16", 16, 132, weights.config)
     with GpuExecutor(weights, "fp16", batch=16, backend=FakeBackend(sms=132), tiles=tiles) as ex:
         keys = [s.key for s in ex.specs if hasattr(s.key, "halo")]
@@ -328,8 +332,8 @@ def test_tile_variant_rounds_launch_the_kind_they_test(kind):
     from types import SimpleNamespace
 
     import tile_rounds as tv
-    from runtime.config import UNetConfig
-    from runtime.weights import random_params
+    from jetson_unet.model.config import UNetConfig
+    from jetson_unet.model.weights import random_params
     weights = SimpleNamespace(config=UNetConfig(), params=random_params(UNetConfig(), 7))   # the GPU test's
     rounds, keys = tv.halo_rounds(weights, "fp16", 2, 132, kind)
     assert len(rounds) > 1
@@ -342,16 +346,17 @@ def test_tile_variant_rounds_launch_the_kind_they_test(kind):
     assert any(re.search(r"_f(_p)?$", s) for s in found), "some launches of the kind are folded"
 
 
+
 def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_path, monkeypatch):
     """The tile files are named after the GPU: one that has none (the H200 until session 21, every
     Jetson until tune_tiles runs there) silently ran the built-in tiles. With the CLI's notice hook
     set, the executor now says so, with the command that measures them; with a file, nothing."""
-    from runtime.gpu import kernels
-    from runtime.gpu.tuning import file_name
+    from jetson_unet.build import loader
+    from jetson_unet.ops.tuning import file_name
 
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path))
     said = []
-    monkeypatch.setattr(kernels, "_notice", said.append)
+    monkeypatch.setattr(loader, "_notice", said.append)
     ex = GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8))
     assert ex.tiles_from is None
     assert said == ["no measured tiles for fake (8 SMs), fp16, batch 2: built-in tiles; "
@@ -366,8 +371,8 @@ def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_p
 
 def heuristic(weights, batch: int, sms: int, precision: str = "fp16"):
     plan = build_plan(weights.config)
-    ctx = ops.Ctx(plan, weights.params, precision, batch, sms, view_layout(plan))
-    return plan, ctx, {op.out: ops.op_spec(op, ctx) for op in plan.ops if tunable(op, ctx)}
+    ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan))
+    return plan, ctx, {op.out: op_spec(op, ctx) for op in plan.ops if tunable(op, ctx)}
 
 
 def test_builtin_tiles_follow_what_the_tuner_measured(weights):
@@ -403,9 +408,9 @@ def test_builtin_tiles_as_a_tile_mapping_launch_the_same_kernels(weights, sms, b
     plan, ctx, specs = heuristic(weights, batch, sms)
     tiles = builtin_tiles(ctx)
     assert set(tiles) == set(specs)
-    given = ops.Ctx(plan, weights.params, "fp16", batch, sms, view_layout(plan), tiles=tiles)
+    given = Ctx(plan, weights.params, "fp16", batch, sms, view_layout(plan), tiles=tiles)
     for name, spec in specs.items():
-        again = ops.op_spec(spec.op, given)
+        again = op_spec(spec.op, given)
         assert (again.key, again.grid) == (spec.key, spec.grid), name
     assert any(t.splits > 1 for t in tiles.values()) == any(s.grid[0] > -(-plan.tensors[n].size ** 2 // s.key.bm)
                                                            for n, s in specs.items())

@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.config import UNetConfig
-from runtime.errors import (WeightsDtypeError, WeightsError, WeightsFileError, WeightsFormatError,
-                            WeightsHashError, WeightsNameError, WeightsShapeError, WeightsValueError)
-from runtime.plan import param_shapes
-from runtime.weights import MANIFEST_KEY, content_hash, load_weights, random_params, save_weights
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.errors import WeightsDtypeError, WeightsError, WeightsFileError, WeightsFormatError, WeightsHashError, WeightsNameError, WeightsShapeError, WeightsValueError
+from jetson_unet.model.plan import param_shapes
+from jetson_unet.model.weights import MANIFEST_KEY, content_hash, load_weights, random_params, save_weights
 
 # The conftest's tiny config, spelled out (conftest is not importable under every import mode).
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)

@@ -32,10 +32,10 @@ from bench_sampling import psnr, time_ours  # noqa: E402
 from bench_unet import RandomWeights, bench_ours  # noqa: E402
 from peers import PEERS, in_fresh_process, peer_call, peer_sampling, strict_fp32, torch_model  # noqa: E402
 
-from runtime import models_dir  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.schedule import make_steps  # noqa: E402
-from runtime.weights import load_weights  # noqa: E402
+from jetson_unet.paths import models_dir  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.model.schedule import make_steps  # noqa: E402
+from jetson_unet.model.weights import load_weights  # noqa: E402
 
 EPS_TOL = {"fp32": 1e-3, "fp16": 1e-2}
 
@@ -60,8 +60,8 @@ def _steps(weights: Any, args: argparse.Namespace) -> list:
 def ours_job(path: str, x: np.ndarray, t: np.ndarray, args: argparse.Namespace, precision: str, what: str) -> Any:
     """Ours at one precision, in a process of its own, one of: "eps" on (x, t); "call", the
     graph-replay ms per call; "loop", the gpu-mode loop's x_0 and figures."""
-    from runtime.gpu.backend import get_backend
-    from runtime.gpu.executor import GpuExecutor
+    from jetson_unet.backends import get_backend
+    from jetson_unet.executor.executor import GpuExecutor
     weights, backend = _weights(path), get_backend("cupy")
     if what == "eps":
         with GpuExecutor(weights, precision, batch=args.batch, backend=backend) as ex:
@@ -160,7 +160,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         import torch  # noqa: F401  (fail now, not after our half of the work)
     except ImportError as e:
         raise SystemExit(f"bench_peers: PyTorch is not importable ({e}); install the extra: pip install -e '.[train]'")
-    from runtime.gpu.backend import get_backend
+    from jetson_unet.backends import get_backend
     device = get_backend("cupy").device_name()
     path = args.weights or str(models_dir() / "seed-unet-emoji64.npz")
     c = _weights(path).config

@@ -26,12 +26,12 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from runtime import models_dir  # noqa: E402
-from runtime.gpu.backend import get_backend  # noqa: E402
-from runtime.gpu.sampling import GpuSampler  # noqa: E402
-from runtime.schedule import make_steps  # noqa: E402
-from runtime.trace import Timeline  # noqa: E402
-from runtime.weights import load_weights  # noqa: E402
+from jetson_unet.paths import models_dir  # noqa: E402
+from jetson_unet.backends import get_backend  # noqa: E402
+from jetson_unet.sampling.gpu import GpuSampler  # noqa: E402
+from jetson_unet.model.schedule import make_steps  # noqa: E402
+from jetson_unet.trace import Timeline  # noqa: E402
+from jetson_unet.model.weights import load_weights  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the PyTorch peer loop, shared with bench_peers.py
@@ -75,7 +75,7 @@ def time_ours(weights, steps, batch, precision, mode, graphs, repeat, seed, nois
 def time_to_first_step(weights, precision, early, repeat=5):
     """Upload start -> end of the first U-Net call (ms, CUDA events), blocking vs early start.
     Kernels are compiled and the host buffer is packed before the clock starts in both cases."""
-    from runtime.gpu.executor import GpuExecutor
+    from jetson_unet.executor.executor import GpuExecutor
     out = []
     for _ in range(repeat):
         ex = GpuExecutor(weights, precision, 1, early_start=early)

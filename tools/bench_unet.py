@@ -32,12 +32,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime import models_dir  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.gpu.backend import get_backend  # noqa: E402
-from runtime.gpu.executor import GpuExecutor  # noqa: E402
-from runtime.gpu.ops import DEFAULT_STAGES, STAGES_ENV  # noqa: E402
-from runtime.weights import load_weights, random_params  # noqa: E402
+from jetson_unet.paths import models_dir  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.backends import get_backend  # noqa: E402
+from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
+from jetson_unet.ops.common import DEFAULT_STAGES, STAGES_ENV  # noqa: E402
+from jetson_unet.model.weights import load_weights, random_params  # noqa: E402
 from tools.peers import SETTLE_S, in_fresh_process, settle  # noqa: E402
 
 

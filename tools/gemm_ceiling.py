@@ -33,9 +33,9 @@ from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime import cost  # noqa: E402
-from runtime import plan as P  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
+from jetson_unet.model import cost  # noqa: E402
+from jetson_unet.model import plan as P  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
 
 KPAD = 64
 JOBS = ("ours", "torch", "triton-v3", "triton-v2", "peer-profile")
@@ -283,7 +283,7 @@ def run_peer_profile(batch: int, calls: int = 20) -> Dict:
 def run_ours(batch: int) -> Dict:
     """Our launches timed alone, summed per op name, and the graphed call (bench_unet.bench_ours)."""
     from types import SimpleNamespace
-    from runtime.gpu.backend import get_backend
+    from jetson_unet.backends import get_backend
     from tools.bench_unet import bench_ours, bench_weights
     row = bench_ours(bench_weights()[0], "fp16", batch, SimpleNamespace(warmup=20, iters=100, repeats=3, per_op=1),
                      get_backend("cupy"))

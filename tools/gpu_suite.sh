@@ -43,11 +43,11 @@ step tile-mt 480 env GPU_REPORT="$OUT/gpu-report-tiles-mt.txt" python3 -m pytest
 # checked) and for sm_72 through a CUDA 11/12 NVRTC (skips unless $JETSON_UNET_NVRTC or
 # nvidia-cuda-nvrtc-cu11/12 is there: carry its wheel in .whl/), so nothing Hopper-only is in them
 step jetson-archs 180 python3 -m pytest tests/test_nvrtc_lib.py tests/test_aot_prepare.py -q -rs -p no:cacheprovider
-step sample 60 python3 -m runtime.cli --backend cupy --batch 16 --seed 0 --out "$OUT/gpu-samples.png" \
+step sample 60 python3 -m jetson_unet.cli --backend cupy --batch 16 --seed 0 --out "$OUT/gpu-samples.png" \
   --trace "$OUT/trace.json" --quiet
 # the README's command for the 100-step figures; cold (torch.compile of both peers) it passed 200 s (session 29)
 step bench-sampling 420 python3 tools/bench_sampling.py --batch 1 16 --repeat 3 --noise device --json "$OUT/bench_sampling.json"
-step jetson-bench 90 python3 -m runtime.bench --backend cupy --batch 1 16 --precision fp16 --mode gpu cpu \
+step jetson-bench 90 python3 -m jetson_unet.bench.runner --backend cupy --batch 1 16 --precision fp16 --mode gpu cpu \
   --runs 3 --warmup 1 --telemetry auto --interval 0.05 --cold none --out "$OUT/jbench"
 step pycuda-tests 360 python3 -m pytest -m gpu tests/gpu/test_gpu_pycuda.py -q -rs
 step roofline 80 python3 tools/roofline.py --json "$OUT/roofline.json"

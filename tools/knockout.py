@@ -38,7 +38,7 @@ from typing import Dict, List, Sequence, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.errors import UsageError  # noqa: E402
+from jetson_unet.errors import UsageError  # noqa: E402
 
 Patch = Tuple[str, str, str]   # (file in kernels/, text found exactly once, its replacement)
 

@@ -4,12 +4,12 @@
     python tools/make_parity_fixture.py --weights weights/seed-unet-emoji64.npz
         -> tests/fixtures/parity.npz
     python tools/make_parity_fixture.py --random-seed 0 --out tests/fixtures/parity_random.npz
-        -> random weights (runtime.weights.random_params) of a small config, so CI checks
+        -> random weights (jetson_unet.model.weights.random_params) of a small config, so CI checks
            parity even where no trained model is shipped
 
 The fixture holds x (G, B, C, H, W) float32, t (G, B) int64, eps (G, B, C, H, W) float64 (torch,
 float64 end to end), the weights' content hash, and the config JSON. tests/test_parity.py runs
-runtime.reference.Reference on the same inputs without torch. Torch is needed here only.
+jetson_unet.model.reference.Reference on the same inputs without torch. Torch is needed here only.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_unet import SeedUNet, load_numpy_params  # noqa: E402 (also fixes sys.path)
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.weights import content_hash, load_weights, random_params  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.model.weights import content_hash, load_weights, random_params  # noqa: E402
 
 # Both ends of the schedule and the middle; one group per row, so a failure names its t.
 TIMESTEPS = [[99, 50], [10, 0]]

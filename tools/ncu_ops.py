@@ -19,10 +19,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime.errors import UsageError  # noqa: E402
-from runtime.gpu.backend import get_backend  # noqa: E402
-from runtime.gpu.executor import GpuExecutor, device_sm_count  # noqa: E402
-from runtime.gpu.tuning import load_tiles  # noqa: E402
+from jetson_unet.errors import UsageError  # noqa: E402
+from jetson_unet.backends import get_backend  # noqa: E402
+from jetson_unet.executor.executor import GpuExecutor, device_sm_count  # noqa: E402
+from jetson_unet.ops.tuning import load_tiles  # noqa: E402
 from bench_unet import bench_weights  # noqa: E402
 
 

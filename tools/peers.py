@@ -4,7 +4,7 @@
     eps, st = peer_call(weights, x, t, "fp16", None, warmup=10, iters=100, repeats=5)
     x0, st = peer_sampling(weights, steps, batch=1, seed=0, repeat=3, precision="fp16")
 
-The sampling loop runs the same affine step (runtime.schedule) on the device, with every noise
+The sampling loop runs the same affine step (jetson_unet.model.schedule) on the device, with every noise
 array drawn from the runtime's NoiseStream and uploaded before the clock starts (which favours
 the peer). torch.compile's compilation and CUDA-graph recording happen in the warm-up calls and
 are reported apart (warmup_s). Used by tools/bench_sampling.py and tools/bench_peers.py.
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                    # torch_unet
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # runtime
-from runtime.schedule import NoiseStream, Step  # noqa: E402
+from jetson_unet.model.schedule import NoiseStream, Step  # noqa: E402
 
 PRECISIONS = ("fp32", "fp16")
 COMPILE_MODES = (None, "default", "reduce-overhead")

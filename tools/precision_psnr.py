@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime.pipeline import BACKEND_CHOICES, Pipeline, default_weights_path  # noqa: E402
+from jetson_unet.pipeline import BACKEND_CHOICES, Pipeline, default_weights_path  # noqa: E402
 
 
 def psnr_u8(a: np.ndarray, b: np.ndarray) -> float:

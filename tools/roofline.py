@@ -36,11 +36,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_unet import RandomWeights, bench_ours, per_op_times, timed  # noqa: E402
 
-from runtime import models_dir  # noqa: E402
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.cost import plan_costs  # noqa: E402
-from runtime.gpu.ops import kernel_kind  # noqa: E402
-from runtime.plan import Plan, build_plan  # noqa: E402
+from jetson_unet.paths import models_dir  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.model.cost import plan_costs  # noqa: E402
+from jetson_unet.ops.specs import kernel_kind  # noqa: E402
+from jetson_unet.model.plan import Plan, build_plan  # noqa: E402
 
 ORIN_SMS, ORIN_CORES = 8, 1024
 ORIN_BW = {625: 68e9, 1020: 102e9}            # B/s: Orin Nano 8GB, 8GB "Super" (JetPack 6.1+)
@@ -61,8 +61,8 @@ class Machine:
 @dataclass(frozen=True)
 class OpFloor:
     name: str
-    op_class: str   # runtime.cost: conv3x3, conv1x1, conv7x7, dwconv7x7, gate
-    kind: str       # the kernel family (runtime.gpu.ops.kernel_kind)
+    op_class: str   # jetson_unet.model.cost: conv3x3, conv1x1, conv7x7, dwconv7x7, gate
+    kind: str       # the kernel family (jetson_unet.ops.specs.kernel_kind)
     flops: float
     bytes: float
     compute_s: float
@@ -167,7 +167,7 @@ def measure_ops(weights: Any, backend: Any, precision: str, batch: int, repeats:
     memset also gives the host a head start, so the events time the kernel, not CuPy's launch), and
     `hot_ms`, from replays of a CUDA graph of `repeats` back-to-back launches (bench_unet.per_op_times:
     the op's data stays in L2 where it fits)."""
-    from runtime.gpu.executor import GpuExecutor
+    from jetson_unet.executor.executor import GpuExecutor
     c = weights.config
     x = np.random.default_rng(0).standard_normal((batch, c.channels, c.image_size, c.image_size))
     flush_bytes = max(4 * l2_bytes(backend), 64 << 20)
@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_model(path: Optional[str]) -> Any:
-    from runtime.weights import load_weights
+    from jetson_unet.model.weights import load_weights
     path = path or str(models_dir() / "seed-unet-emoji64.npz")
     return load_weights(path) if os.path.isfile(path) else RandomWeights(UNetConfig())
 
@@ -343,7 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     machines = [orin(mhz, tc) for mhz in ORIN_BW for tc in ORIN_TC_PER_SM_CLK]
     backend, meas = None, None
     if not args.no_gpu:
-        from runtime.gpu.backend import get_backend, gpu_available
+        from jetson_unet.backends import get_backend, gpu_available
         reason = gpu_available("cupy")
         if reason is None:
             backend = get_backend("cupy")

@@ -2,7 +2,7 @@
 
 The module tree mirrors the spec's dotted parameter names exactly, so `state_dict()` keys are
 the weights-file names (`downs.0.block1.ds_conv.weight`, `ups.2.gate.psi.bias`, ...) and
-`runtime.plan.param_shapes(config)` gives the same names and shapes. Nothing under runtime/
+`jetson_unet.model.plan.param_shapes(config)` gives the same names and shapes. Nothing under runtime/
 imports this file: torch is a tool dependency only (the `train` extra).
 
     model = SeedUNet(UNetConfig())                  # ~15.9 M params with the defaults
@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 try:
-    from runtime.config import UNetConfig
+    from jetson_unet.model.config import UNetConfig
 except ImportError:  # run as `python tools/...` from a checkout: put the repo root on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from runtime.config import UNetConfig
+    from jetson_unet.model.config import UNetConfig
 
 
 def sinusoidal(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -169,16 +169,16 @@ def load_numpy_params(model: SeedUNet, params: dict) -> None:
 
 
 def export_numpy_params(model: nn.Module) -> dict:
-    """{name: float32 ndarray} in state_dict order (the input of runtime.weights.save_weights)."""
+    """{name: float32 ndarray} in state_dict order (the input of jetson_unet.model.weights.save_weights)."""
     return {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in model.state_dict().items()}
 
 
 if __name__ == "__main__":
-    from runtime.plan import param_shapes
+    from jetson_unet.model.plan import param_shapes
 
     cfg = UNetConfig()
     model = SeedUNet(cfg)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     expected = {k: tuple(v) for k, v in param_shapes(cfg).items()}
     assert shapes == expected, sorted(set(shapes.items()) ^ set(expected.items()))[:5]
-    print(f"seed-unet: {n_params(model):,} parameters, {len(shapes)} tensors; names match runtime.plan")
+    print(f"seed-unet: {n_params(model):,} parameters, {len(shapes)} tensors; names match jetson_unet.model.plan")

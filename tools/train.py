@@ -10,7 +10,7 @@ The whole dataset lives on the device as uint8; batches are random indices + fli
 there is no loader to tune. `--minutes` is a wall-clock budget for the WHOLE process: training
 stops `--reserve-s` seconds early so the export, preview and plot finish inside it.
 
-OUT gets: model.npz (EMA weights, written by runtime.weights.save_weights), loss.csv
+OUT gets: model.npz (EMA weights, written by jetson_unet.model.weights.save_weights), loss.csv
 (step, loss, ema_loss, seconds), loss.png (if matplotlib is there), samples.png (DDPM samples
 of the EMA model, seeds 0.., drawn with the runtime's own noise stream and step coefficients),
 and ckpt.pt (resumable with --resume; ~4x the fp32 model size, disable with --ckpt-every 0).
@@ -33,9 +33,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_unet import SeedUNet, export_numpy_params, n_params  # noqa: E402 (also fixes sys.path)
-from runtime.config import UNetConfig  # noqa: E402
-from runtime.schedule import coefficients, make_steps, sample_loop, to_uint8  # noqa: E402
-from runtime.weights import save_weights  # noqa: E402
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.model.schedule import coefficients, make_steps, sample_loop, to_uint8  # noqa: E402
+from jetson_unet.model.weights import save_weights  # noqa: E402
 
 SMOKE_CONFIG = {"image_size": 16, "dim": 8, "time_dim": 32, "dim_mults": [1, 2]}
 

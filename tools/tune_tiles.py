@@ -33,12 +33,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_unet import bench_weights, per_op_times, timed  # noqa: E402
-from runtime.gpu.backend import get_backend  # noqa: E402
-from runtime.gpu.executor import GpuExecutor, device_sm_count, view_layout  # noqa: E402
-from runtime.gpu.ops import Ctx, op_spec  # noqa: E402
-from runtime.gpu.tuning import (candidates, dump_tiles, file_name, k_segments, tiles_dirs,  # noqa: E402
-                                tunable, with_mts, with_splits)
-from runtime.plan import CONV, build_plan  # noqa: E402
+from jetson_unet.backends import get_backend  # noqa: E402
+from jetson_unet.executor.executor import GpuExecutor, device_sm_count, view_layout  # noqa: E402
+from jetson_unet.ops.common import Ctx
+from jetson_unet.ops.specs import op_spec  # noqa: E402
+from jetson_unet.ops.tuning import candidates, dump_tiles, file_name, k_segments, tiles_dirs, tunable, with_mts, with_splits  # noqa: E402
+from jetson_unet.model.plan import CONV, build_plan  # noqa: E402
 
 
 def graph_ms(ex, backend, x, iters: int = 100) -> float:

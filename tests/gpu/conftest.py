@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.errors import BackendUnavailable
+from jetson_unet.errors import BackendUnavailable
 
-from runtime.gpu.ops import DEFAULT_STAGES, STAGES_ENV, stages_from_env  # noqa: E402
+from jetson_unet.ops.common import DEFAULT_STAGES, STAGES_ENV, stages_from_env  # noqa: E402
 
 CONV_VARIANTS = list(dict.fromkeys([DEFAULT_STAGES, stages_from_env()]))
 
@@ -24,7 +24,7 @@ CONV_VARIANTS = list(dict.fromkeys([DEFAULT_STAGES, stages_from_env()]))
 @pytest.fixture(scope="session")
 def backend() -> Any:
     try:
-        from runtime.gpu.backend import get_backend
+        from jetson_unet.backends import get_backend
         return get_backend("cupy")
     except (BackendUnavailable, ImportError) as e:
         pytest.skip(f"no usable GPU: {e}")
@@ -33,9 +33,9 @@ def backend() -> Any:
 @pytest.fixture(scope="module")
 def weights() -> Any:
     """The shipped model, or random weights of the default config where it is absent."""
-    from runtime import models_dir
-    from runtime.config import UNetConfig
-    from runtime.weights import Weights, load_weights, random_params
+    from jetson_unet.paths import models_dir
+    from jetson_unet.model.config import UNetConfig
+    from jetson_unet.model.weights import Weights, load_weights, random_params
     path = models_dir() / "seed-unet-emoji64.npz"
     if path.is_file():
         return load_weights(path)

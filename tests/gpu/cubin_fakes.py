@@ -10,9 +10,11 @@ from pathlib import Path
 
 from fakes import FakeBackend, FakeModule
 
-from runtime.errors import KernelCompileError
-from runtime.gpu import aot, compilers, cubins
-from runtime.gpu.backend import CupyBackend
+from jetson_unet.errors import KernelCompileError
+from jetson_unet.build import aot
+from jetson_unet.build import compilers
+from jetson_unet.build import cache as cubins
+from jetson_unet.backends.cupy import CupyBackend
 
 
 def fake_cubin(arch: int, symbols, abi: int = 8) -> bytes:

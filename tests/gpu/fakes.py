@@ -6,7 +6,7 @@ from typing import Any, List, Sequence, Tuple
 import numpy as np
 import pytest
 
-from runtime.gpu.kernels import KernelSet
+from jetson_unet.build.loader import KernelSet
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Device noise (kernels/noise.cu through runtime.gpu.noise.DeviceNoise) on the GPU against NumPy's
+"""Device noise (kernels/noise.cu through jetson_unet.ops.noise.DeviceNoise) on the GPU against NumPy's
 standard_normal(float32): rows bit for bit at batch 1 and 16 sizes for several seeds, 100
 consecutive rows, NaN-poisoned outputs, NHWC, the generator state after them, flags clear, draws
 replayed as CUDA graphs; the ambiguity hook raises the flag; the sampler's device noise gives the
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import report
-from runtime.gpu.kernels import KernelSet
-from runtime.gpu.noise import FLAG_AMBIGUOUS, DeviceNoise
-from runtime.gpu.sampling import GpuSampler
-from runtime.schedule import make_steps
+from jetson_unet.build.loader import KernelSet
+from jetson_unet.ops.noise import FLAG_AMBIGUOUS, DeviceNoise
+from jetson_unet.sampling.gpu import GpuSampler
+from jetson_unet.model.schedule import make_steps
 
 IMAGE = 3 * 64 * 64
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from conftest import expects_pipelined, pipelined_symbols, report, variant_applies
-from runtime.config import UNetConfig
-from runtime.gpu.executor import GpuExecutor
-from runtime.gpu.ops import from_device, to_device
-from runtime.plan import CAT
-from runtime.reference import Reference, run_op
-from runtime.weights import random_params
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.ops.common import from_device, to_device
+from jetson_unet.model.plan import CAT
+from jetson_unet.model.reference import Reference, run_op
+from jetson_unet.model.weights import random_params
 
 # Relative L2 error of one op vs float64 on the same rounded inputs, and the largest element error
 # relative to max|ref| (catches a few wrong pixels that L2 would dilute):
@@ -103,11 +103,12 @@ def test_every_op_matches_reference(backend, precision, case, conv_variant):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_depthwise_channel_pairs_match_reference(backend, precision, monkeypatch):
-    """The two-channel depthwise conv (ops.dwconv_cp; picked by grid depth, so batch 16 on the H100)
+    """The two-channel depthwise conv (dwconv_cp; picked by grid depth, so batch 16 on the H100)
     forced onto every depthwise op of a batch-3 call (the tensor-core kernel off), op by op as above."""
-    from runtime.gpu import ops
-    monkeypatch.setenv(ops.DW_TC_ENV, "0")
-    monkeypatch.setattr(ops, "dwconv_cp", lambda size, channels, batch, sms, vec: 2 if vec > 1 else 1)
+    from jetson_unet.ops import dwconv
+    from jetson_unet.ops.common import DW_TC_ENV
+    monkeypatch.setenv(DW_TC_ENV, "0")
+    monkeypatch.setattr(dwconv, "dwconv_cp", lambda size, channels, batch, sms, vec: 2 if vec > 1 else 1)
     check_depthwise(backend, precision, "pairs", lambda L: L.fn.symbol.endswith("_p2"), lambda size: True)
 
 
@@ -131,12 +132,13 @@ def check_depthwise(backend, precision: str, label: str, is_variant, applies) ->
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_depthwise_on_tensor_cores_matches_reference(backend, precision, monkeypatch):
     """The tensor-core depthwise conv (the default; kernels/dwconv.cu dwconv_tc) on every
-    depthwise op of images >= 16 rows in a batch-3 call, op by op as above (its weights are rounded
+
     to the activation dtype: within the same tolerance)."""
-    from runtime.gpu import ops
-    monkeypatch.setenv(ops.DW_TC_ENV, "1")
+    from jetson_unet.ops.common import DW_TC_ENV
+    from jetson_unet.ops.dwconv import DW_TC_TILE
+    monkeypatch.setenv(DW_TC_ENV, "1")
     check_depthwise(backend, precision, "tensor cores", lambda L: "_tc" in L.fn.symbol,
-                    lambda size: size >= ops.DW_TC_TILE)
+                    lambda size: size >= DW_TC_TILE)
 
 
 @pytest.mark.gpu
@@ -144,16 +146,16 @@ def test_depthwise_on_tensor_cores_matches_reference(backend, precision, monkeyp
 @pytest.mark.parametrize("case", [("odd", ODD), ("default", UNetConfig())], ids=["odd", "default"])
 def test_gates_with_split_n_match_reference(backend, precision, case, monkeypatch):
     """Every gate of 64+ channels with its N split over CTAs, twice as many as the built-in tile's
-    (a measured tile may pick that; psi's row partials meet through a ticket, kernels/conv.cu
+
     conv_finish), at batch 3, op by op as above."""
-    from runtime.gpu import ops
-    plain = ops.choose_tile
+    from jetson_unet.ops import conv
+    plain = conv.choose_tile
 
     def halved(precision, m, n, batch, sms, gate, **kw):
         bm, bn, wm, wn = plain(precision, m, n, batch, sms, gate, **kw)
         return (bm, bn // 2, 2, 2) if gate and bn >= 64 else (bm, bn, wm, wn)
 
-    monkeypatch.setattr(ops, "choose_tile", halved)
+    monkeypatch.setattr(conv, "choose_tile", halved)
     name, cfg = case
     weights = W(cfg, seed=8)
     with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:

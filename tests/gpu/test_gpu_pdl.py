@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import replayed_eps, report
-from runtime.gpu.executor import GpuExecutor
-from runtime.gpu.launch_ex import PDL_ENV
-from runtime.gpu.sampling import GpuSampler
-from runtime.schedule import make_steps
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.executor.launch_ex import PDL_ENV
+from jetson_unet.sampling.gpu import GpuSampler
+from jetson_unet.model.schedule import make_steps
 
 
 def needs_pdl(backend) -> None:

@@ -22,12 +22,12 @@ import pytest
 import test_gpu_ops as ops_suite
 import test_gpu_unet as unet_suite
 from conftest import report
-from runtime.errors import BackendUnavailable
-from runtime.gpu.executor import GpuExecutor
-from runtime.gpu.kernels import KernelSet
-from runtime.gpu.sampling import GpuSampler
-from runtime.reference import Reference
-from runtime.schedule import make_steps, sample_loop
+from jetson_unet.errors import BackendUnavailable
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.build.loader import KernelSet
+from jetson_unet.sampling.gpu import GpuSampler
+from jetson_unet.model.reference import Reference
+from jetson_unet.model.schedule import make_steps, sample_loop
 
 _CACHES: Dict[str, Dict[Any, Any]] = {"cupy": KernelSet._cache}   # the CuPy suite's modules stay reusable
 RUN_TOL_FP32 = 1e-3     # as test_gpu_sampling: x_0 vs the NumPy loop after a whole run
@@ -50,7 +50,7 @@ def kernels_of(be: Any):
 @pytest.fixture(scope="module")
 def backend() -> Any:
     try:
-        from runtime.gpu.backend import get_backend
+        from jetson_unet.backends import get_backend
         return get_backend("pycuda")
     except (BackendUnavailable, ImportError) as e:
         pytest.skip(f"pycuda backend not usable: {e}")
@@ -67,7 +67,7 @@ def pycuda_kernel_cache(request):
 @pytest.fixture(scope="module")
 def cupy_backend() -> Any:
     try:
-        from runtime.gpu.backend import get_backend
+        from jetson_unet.backends import get_backend
         return get_backend("cupy")
     except (BackendUnavailable, ImportError) as e:
         pytest.skip(f"CuPy not usable, nothing to compare with: {e}")
@@ -218,7 +218,7 @@ def test_pycuda_halo_conv_equals_cupy(backend, cupy_backend, weights):
     """The halo conv needs more dynamic smem than the default 48 KB: pycuda's opt-in (a function
     attribute) must be set before its launches. A batch-16 call with halo tiles wherever they apply,
     through both backends."""
-    from runtime.gpu.executor import device_sm_count
+    from jetson_unet.executor.executor import device_sm_count
     from test_gpu_tile_variants import halo_rounds, halo_symbols
     cfg = weights.config
     rng = np.random.default_rng(16)

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from conftest import report
-from runtime.errors import Cancelled
-from runtime.gpu.sampling import GpuSampler
-from runtime.pipeline import Pipeline
-from runtime.reference import Reference
-from runtime.schedule import make_steps, sample_loop
-from runtime.trace import Timeline
+from jetson_unet.errors import Cancelled
+from jetson_unet.sampling.gpu import GpuSampler
+from jetson_unet.pipeline import Pipeline
+from jetson_unet.model.reference import Reference
+from jetson_unet.model.schedule import make_steps, sample_loop
+from jetson_unet.trace import Timeline
 
 # x_0 after a whole run, relative L2 against the NumPy loop on the same noise. fp32: the U-Net's
 # 1e-4 per call stays of that order through the steps (each step contracts errors by c_x ~ 1);

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import report
-from runtime.config import UNetConfig
-from runtime.gpu.executor import GpuExecutor, device_sm_count
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.executor.executor import GpuExecutor, device_sm_count
 from test_gpu_ops import OP_TOL, W, check_all_ops
 from test_gpu_unet import UNET_TOL
 from tile_rounds import KINDS, halo_rounds, halo_symbols

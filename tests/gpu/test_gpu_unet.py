@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from conftest import STAGES_ENV, expects_pipelined, pipelined_symbols, replayed_eps, report, variant_applies
-from runtime import models_dir
-from runtime.config import UNetConfig
-from runtime.gpu.executor import GpuExecutor, view_layout
-from runtime.gpu.ops import Ctx
-from runtime.gpu.tuning import builtin_tiles
-from runtime.plan import build_plan
-from runtime.reference import Reference
-from runtime.weights import load_weights, random_params
+from jetson_unet.paths import models_dir
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.executor.executor import GpuExecutor, view_layout
+from jetson_unet.ops.common import Ctx
+from jetson_unet.ops.tuning import builtin_tiles
+from jetson_unet.model.plan import build_plan
+from jetson_unet.model.reference import Reference
+from jetson_unet.model.weights import load_weights, random_params
 
 # Relative L2 error of eps vs float64 over a whole call (~40 layers deep): fp32 arithmetic stays far
 # below 1e-4; fp16/bf16 storage of every activation (u = 4.9e-4 / 3.9e-3) accumulates to < 1e-2.

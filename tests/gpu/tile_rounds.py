@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from runtime.gpu.executor import view_layout
-from runtime.gpu.ops import Ctx, deep, deep_ring, op_spec
-from runtime.gpu.tuning import candidates, tunable, with_mts
-from runtime.plan import CONV, build_plan
+from jetson_unet.executor.executor import view_layout
+from jetson_unet.ops.common import Ctx
+from jetson_unet.ops.conv_pipe import deep, deep_ring
+from jetson_unet.ops.specs import op_spec
+from jetson_unet.ops.tuning import candidates, tunable, with_mts
+from jetson_unet.model.plan import CONV, build_plan
 
 
 def mt_variants(cands: list, op) -> list:

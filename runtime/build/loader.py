@@ -1,0 +1,89 @@
+"""The ONE kernel loader: module text -> a loaded module with every symbol fetched.
+
+`load_module` looks in the cubin cache first (jetson_unet.build.cache: validated entries of this
+toolchain, then of any toolchain, e.g. made ahead of time by `jetson-sample --prepare`), else compiles,
+stores the cubin and loads it.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from jetson_unet.build.sources import MIN_TC_ARCH, module_source, nvrtc_options
+from jetson_unet.errors import KernelCompileError
+from jetson_unet.build.cache import CubinCache
+
+
+_notice: Optional[Callable[[str], None]] = None   # set by the CLI: one line on stderr
+
+
+def set_compile_notice(fn: Optional[Callable[[str], None]]) -> Optional[Callable[[str], None]]:
+    """Where `load_module` says that it compiles or discards a cached cubin; returns the previous."""
+    global _notice
+    prev, _notice = _notice, fn
+    return prev
+
+
+def notice(msg: str) -> None:
+    """One line through the CLI's hook (set_compile_notice); nothing without one: the API stays quiet."""
+    if _notice is not None:
+        _notice(msg)
+
+
+def compile_notice(arch: int) -> str:
+    return (f"compiling GPU kernels for sm_{arch} (first run; `jetson-sample --prepare` does this "
+            "ahead of time)...")
+
+
+def load_module(backend: Any, source: str, name: str, options: Tuple[str, ...], symbols: Sequence[str],
+                arch: int, cache: Optional[CubinCache] = None) -> Any:
+    """A module with every symbol fetched: a valid cached cubin (this toolchain's, else any other's),
+    else NVRTC now -> cache -> load. A cubin the driver refuses is discarded and rebuilt."""
+    if not hasattr(backend, "load_cubin"):
+        return backend.compile(source, f"{name}.cu", options, symbols)
+    cache = cache if cache is not None else CubinCache(notice=_notice)
+    toolchain = backend.toolchain()
+    for entry in cache.find(source, options, arch, toolchain, symbols, name):
+        try:
+            return backend.load_cubin(entry.cubin, symbols)
+        except KernelCompileError as e:
+            cache.discard(entry.cubin, f"the driver refused it ({(e.log or str(e)).strip().splitlines()[0]})")
+    notice(compile_notice(arch))
+    cubin = backend.compile_cubin(source, f"{name}.cu", options, arch) if toolchain else None
+    if cubin is None:   # this CuPy cannot hand out a cubin: its own compile path (and disk cache)
+        return backend.compile(source, f"{name}.cu", options, symbols)
+    try:
+        path = cache.store(cubin, source, options, arch, toolchain, symbols, name)
+    except OSError:     # an unwritable cache costs a compile next time, nothing else
+        with tempfile.TemporaryDirectory(prefix="jetson-unet-") as tmp:
+            path = Path(tmp) / f"{name}.cubin"
+            path.write_bytes(cubin)
+            return backend.load_cubin(path, symbols)
+    return backend.load_cubin(path, symbols)
+
+
+class KernelSet:
+    """Loads (or compiles) one module with every requested instantiation and fetches every function
+    now (before any CUDA-graph capture)."""
+
+    _cache: Dict[Tuple[str, str, Tuple[str, ...]], Any] = {}
+
+    def __init__(self, backend: Any, keys: Sequence[Any], name: str = "seed-unet",
+                 cache: Optional[CubinCache] = None, pdl: bool = False) -> None:
+        arch = int(backend.arch())
+        if any(getattr(k, "dtype", "fp32") != "fp32" for k in keys) and arch < MIN_TC_ARCH:
+            raise KernelCompileError(name, (), f"fp16/bf16 kernels need sm_80 or newer; this GPU is sm_{arch}")
+        self.options = nvrtc_options(arch)
+        self.source = module_source(keys, pdl=pdl)
+        self.symbols: List[str] = sorted({k.symbol for k in keys})
+        ck = (getattr(backend, "name", type(backend).__name__), self.source, self.options)   # per backend
+        mod = KernelSet._cache.get(ck)
+        if mod is None:
+            mod = load_module(backend, self.source, name, self.options, self.symbols, arch, cache)
+            KernelSet._cache[ck] = mod
+        self.module = mod
+        self.functions = {s: mod.get(s) for s in self.symbols}
+
+    def __getitem__(self, symbol: str) -> Any:
+        return self.functions[symbol]

@@ -1,0 +1,311 @@
+"""Launchers of kernels/conv.cu: the GEMM conv (every non-depthwise conv between the image ends) and
+the attention gate. The kernel family is chosen here (conv_gemm, or the cp.async / halo convs of
+jetson_unet.ops.conv_pipe and .conv_halo), the weights packed as the GEMM's B matrix, the GroupNorm
+folded where it may be, and the residual joined as a second K segment.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numpy as np
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from jetson_unet.ops.common import Ctx, ELEM_BYTES, F, I, MAX_STAGES, OpSpec, P, Resolver, SMEM_LIMIT, VEC_MAX, cdiv, from_device, k_residual, padded, round_up, to_device, vec_for
+from jetson_unet.ops.conv_halo import ConvGeom, builtin_halo, conv_geom, halo_problems, halo_smem
+from jetson_unet.ops.conv_pipe import PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem, pipelined, with_pipeline
+from jetson_unet.ops.tiles import choose_bk, choose_splits, choose_tile
+from jetson_unet.errors import ConfigError
+from jetson_unet.ops.keys import ConvKey
+from jetson_unet.model.plan import Op
+
+
+GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, last, epilogue operands)
+FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded GroupNorm accepts (fold_norm)
+
+
+def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
+    """A tile the kernels can instantiate (their static_asserts and the smem budget, in Python), so a
+    bad tuning entry is a one-line ConfigError rather than an NVRTC failure."""
+    tc, nt, eb = key.dtype != "fp32", key.threads, ELEM_BYTES[key.dtype]
+    kv, vb = key.bk // key.vec, 16 // eb
+    rpp = nt // kv if kv and nt % kv == 0 else 0
+    ap = cdiv(key.bm, rpp) if rpp else 0
+    bvec = key.bn * key.bk // vb
+    sliced = key.stages and not key.halo   # the cp.async conv: k slices, spare B-copy threads
+    dyn_ring = deep_ring(key)              # its ring in dynamic smem, with its own budget
+    # k slices: each takes whole n-fragment column groups and k steps; their exchange fits in the ring
+    ks_ok = (sliced and key.ks in (2, 4) and (key.bn // key.wn // 8) % key.ks == 0 and (key.bk // 16) % key.ks == 0
+             and 4 * key.bm * key.bn * (key.ks - 1) <= pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages))
+    smem = (pipe_ring_bytes(key.bm, key.bn, key.bk, key.stages) + PIPE_SCRATCH if key.stages else
+            2 * eb * ((key.bm + key.bn) * (key.bk + 8) if tc else key.bk * (key.bm + key.bn + 8)) + GEMM_SCRATCH)
+    problems = [
+        (key.bk not in ((32, 64) if tc else (16,)), f"BK {key.bk}"),
+        (not rpp or not (key.bm % rpp == 0 or ap == 1) or ap > 32, f"A split of {key.bm} rows over {nt} threads"),
+        (bvec % nt != 0 and not (sliced and nt % bvec == 0), f"B split of {key.bn}x{key.bk} over {nt} threads"),
+        (tc and ((key.bm // key.wm) % 16 or (key.bn // key.wn) % 16), f"warp tile {key.bm}/{key.wm} x {key.bn}/{key.wn}"),
+        (key.ks != 1 and not ks_ok, f"{key.ks} k slices"),
+        (not tc and (key.bm % 16 or (key.bn // max(nt // 16, 1)) % 4), "FFMA thread tile"),
+        (key.stages and (not tc or key.vec != VEC_MAX[key.dtype] or not 2 <= key.stages <= MAX_STAGES),
+         f"cp.async stages {key.stages}"),
+        (not key.halo and not dyn_ring and smem + dyn_smem > SMEM_LIMIT, f"{smem + dyn_smem} B of shared memory"),
+        (dyn_ring and pipe_smem(key, dyn_smem) > PIPE_DEEP_LIMIT, f"{pipe_smem(key, dyn_smem)} B of dynamic shared memory"),
+        (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
+        (key.fold and not fold_fits(key), "a folded GroupNorm"),
+        (key.persist and not (sliced and key.ks == 1 and not key.gate), "several M tiles per CTA"),
+    ]
+    bad = [msg for cond, msg in problems if cond]
+    if bad:
+        raise ConfigError(f"{where}: tile {key.symbol} is not supported ({'; '.join(bad)})")
+
+
+def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
+              geom: Optional[ConvGeom] = None) -> Optional[ConvKey]:
+    """`key` with the measured tile of op `name` from ctx.tiles, checked; None when there is none."""
+    t = ctx.tiles.get(name)
+    if t is None or (t.halo and not ctx.conv_stages):   # a halo tile says nothing about conv_gemm's
+        return None
+    stages = t.stages if ctx.conv_stages else 0
+    tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk, stages=stages, halo=bool(t.halo),
+                                ks=t.ks if stages else 1, nsplit=key.gate and t.bn < n,
+                                persist=bool(stages and t.mt > 1))
+    check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
+    if tuned.persist and t.splits > 1:
+        raise ConfigError(f"tuned tile of {name}: {t.mt} M tiles per CTA with split-K {t.splits} (one or the other)")
+    bad = (halo_problems(tuned, geom) if geom else ["a gate"]) if tuned.halo else []
+    if bad:
+        raise ConfigError(f"tuned tile of {name}: halo conv {tuned.symbol} is not supported ({'; '.join(bad)})")
+    return tuned
+
+
+# ---- weight packing -------------------------------------------------------------------------------
+
+def conv_matrix(op: Op, params: Mapping[str, np.ndarray]) -> np.ndarray:
+    """(Cout, K) with K ordered (ky, kx, c); unshuffle2's channel c*4+dy*2+dx becomes tap (dy, dx).
+    In the parameter's own dtype (fp16 for the shipped weights): pack_gemm converts once, where
+    the packed dtype differs, and fold_weights computes in fp32."""
+    w = np.asarray(params[op.prefix + ".weight"])
+    if op.in_map == "unshuffle2":
+        o, c4 = w.shape[:2]
+        w = w.reshape(o, c4 // 4, 2, 2).transpose(0, 2, 3, 1)
+    else:
+        w = w.transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(w.reshape(w.shape[0], -1))
+
+
+def pack_gemm(precision: str, bn: int, bk: int, segs: Sequence[np.ndarray]) -> Tuple[np.ndarray, int, List[int]]:
+    """Zero-padded B matrix: K segments each padded to BK, N to BN. 16-bit: [Npad][K] (ldmatrix
+    reads k-contiguous rows); fp32: [K][Npad] (the FFMA path reads float4 along n)."""
+    n = segs[0].shape[0]
+    kps = [round_up(s.shape[1], bk) for s in segs]
+    npad = round_up(n, bn)
+    # fp16: straight into the packed dtype (an fp16 segment is copied, an fp32 one rounded to nearest
+    # even as to_device does); bf16 goes through fp32 and to_device's rounding
+    w = np.zeros((npad, sum(kps)), dtype=np.float16 if precision == "fp16" else np.float32)
+    k0 = 0
+    for s, kp in zip(segs, kps):
+        w[:n, k0:k0 + s.shape[1]] = s
+        k0 += kp
+    if precision == "fp32":
+        return np.ascontiguousarray(w.T), npad, [kp // bk for kp in kps]
+    return (w if precision == "fp16" else to_device(w, precision)), w.shape[1], [kp // bk for kp in kps]
+
+
+def fold_fits(key: ConvKey) -> bool:
+    """The kernels that have a folded GroupNorm: the 16-bit cp.async and halo convs (key.stages;
+    conv_gemm keeps the table) with the epilogue's prefetch (BN <= 128)."""
+    return bool(key.stages) and key.dtype != "fp32" and not key.gate and key.bn <= 128
+
+
+def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray, enabled: bool = True) -> bool:
+    """Whether a normalized conv with this key folds its GroupNorm into the GEMM (kernels/conv.cu
+    conv_gn_prologue: W * gn_w as weights, the raw input as A, padded taps set to the per-channel
+    value whose normalization is 0, rstd and a per-column term applied once). Only where the kernel
+    has one (fold_fits), and only for affine weights whose pad values mean - (gn_b / gn_w) * std stay
+    finite and as precise as a normalized value: every gn_w nonzero and |gn_b / gn_w| <=
+    FOLD_RATIO_MAX (the shipped model: <= 0.72; fp16 then overflows only past std ~1000)."""
+    gn_w = np.asarray(gn_w, dtype=np.float64)
+    if not (enabled and fold_fits(key)) or not np.all(gn_w != 0):
+        return False
+    return bool(np.all(np.abs(np.asarray(gn_b, dtype=np.float64) / gn_w) <= FOLD_RATIO_MAX))
+
+
+def fold_weights(seg0: np.ndarray, bias: np.ndarray, gn_w: np.ndarray, gn_b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Segment 0 of the GEMM (Cout, K, K ordered (tap, c)) as W * gn_w, and the bias plus
+    P = W . gn_b (fold_norm; computed in float64 from the unrounded W)."""
+    taps = seg0.shape[1] // gn_w.size
+    w = np.asarray(seg0, dtype=np.float32)
+    # W * gn_w in fp32: one rounding of the exact product, the same bits as the float64 product
+    # (exact for two fp32 factors) rounded to fp32, without the float64 copy of W
+    wg = w * np.tile(np.asarray(gn_w, np.float32), taps)
+    b = np.tile(np.asarray(gn_b, np.float64), taps)
+    return wg, (bias.astype(np.float64) + w.astype(np.float64) @ b).astype(np.float32)
+
+
+def fold_table(w: np.ndarray, precision: str, k0: int, gn_w: np.ndarray, gn_b: np.ndarray) -> np.ndarray:
+    """The folded GroupNorm's gn_fold blob: r = gn_b / gn_w (Cin), then Q[n] = the sum of the packed,
+    rounded weights' first k0 columns (segment 0, padding included: zeros) for each of the Npad rows."""
+    q = (w[:, :k0] if precision == "fp16" else from_device(w[:, :k0], precision)).astype(np.float64).sum(axis=1)
+    r = np.asarray(gn_b, np.float64) / np.asarray(gn_w, np.float64)
+    return np.concatenate([r, q]).astype(np.float32)
+
+
+# ---- the GEMM conv and the gate -------------------------------------------------------------------
+
+def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
+    plan = ctx.plan
+    xt, ot = plan.tensors[op.x], plan.tensors[op.out]
+    kh, st, up = {"none": (op.k, 1, 1), "up2": (op.k, 1, 2), "unshuffle2": (2, 2, 1)}[op.in_map]
+    if op.in_map == "unshuffle2" and (op.k != 1 or op.norm):
+        raise ConfigError(f"{op.out}: unshuffle2 is supported for a 1x1 conv without norm only")
+    if op.residual_conv and op.act != "none":
+        raise ConfigError(f"{op.out}: a fused residual_conv needs act 'none' (it joins the GEMM)")
+    xr = k_residual(op)
+    cr = plan.tensors[xr].channels if xr else 0
+    vec = vec_for(ctx.precision, ctx, (op.x, xr, op.out), (xt.channels, cr, ot.channels))
+    tile = choose_tile(ctx.precision, ot.size * ot.size, ot.channels, ctx.tile_batch or ctx.batch,
+                       ctx.sms, gate=False, k=kh * kh * xt.channels + cr, pipelined=pipelined(ctx, vec))
+    if vec == 1 and tile[0] > 64:   # scalar loads: 128 rows would hold 32 loads + 64 indices per thread
+        tile = (64,) + tuple(tile[1:])
+    bm, bn, wm, wn = tile
+    key = ConvKey(ctx.precision, bm, bn, choose_bk(ctx.precision, bm, bn, vec, False), wm, wn, kh, st, up,
+                  vec, False)
+    dyn = 8 * xt.channels if op.norm else 0
+    key = (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
+           or builtin_halo(key, op, ctx, ot)
+           or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
+    if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"], ctx.gn_fold):
+        key = dataclasses.replace(key, fold=True)
+    return key
+
+
+def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
+    plan, p, prec = ctx.plan, ctx.params, ctx.precision
+    xt, ot = plan.tensors[op.x], plan.tensors[op.out]
+    key = gemm_key(op, ctx)
+    tile = (key.bm, key.bn)
+    n, m = ot.channels, ot.size * ot.size
+    segs = [conv_matrix(op, p)]
+    bias = np.asarray(p[op.prefix + ".bias"], dtype=np.float32)
+    xr = k_residual(op)
+    cr = plan.tensors[xr].channels if xr else 0
+    if op.residual_conv:
+        segs.append(np.asarray(p[op.residual_conv + ".weight"]).reshape(n, cr))
+        bias = bias + np.asarray(p[op.residual_conv + ".bias"], dtype=np.float32)
+    elif xr:
+        if cr != n:
+            raise ConfigError(f"{op.out}: identity residual {xr} has {cr} channels, the conv {n}")
+        segs.append(np.eye(n, dtype=np.float32))
+    res = op.residual if (op.residual and not xr) else None
+    gn_w, gn_b = (p[op.norm + ".weight"], p[op.norm + ".bias"]) if op.norm else (None, None)
+    fold = key.fold   # gemm_key decided (fold_norm)
+    if fold:
+        segs[0], bias = fold_weights(segs[0], bias, gn_w, gn_b)
+    w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
+    blobs = {"w": w, "bias": padded(bias, round_up(n, tile[1]))}
+    if fold:
+        blobs["gn_fold"] = fold_table(w, prec, nks[0] * key.bk, gn_w, gn_b)
+    elif op.norm:
+        blobs["gn_w"] = padded(gn_w, xt.channels)
+        blobs["gn_b"] = padded(gn_b, xt.channels)
+    mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
+    splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
+    # several M tiles per CTA (kernels/conv_pipe.cu PERSIST): CTA g runs tiles g, g + grid.x, ...
+    grid = (cdiv(mtiles, ctx.tiles[op.out].mt) if key.persist else mtiles * splits, ntiles, ctx.batch)
+    # (normalized: 8 * Cin bytes for the table; a folded norm uses 2 * Cin of them)
+    smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else pipe_smem(key, 8 * xt.channels if op.norm else 0)
+    act = {"none": 0, "gelu": 1}[op.act]
+
+    def make_args(r: Resolver) -> Tuple[Any, ...]:
+        x_ptr, ldx = r.tensor(op.x)
+        xr_ptr, ldr = r.tensor(xr) if xr else (0, 0)
+        res_ptr, ldres = r.tensor(res) if res else (0, 0)
+        out_ptr, ldo = r.tensor(op.out)
+        tb_ptr, tb_stride = r.tbias(op.tbias) if op.tbias else (0, 0)
+        gn_part, gn_n = r.stats_in(op) if op.norm else (0, 0)
+        gn_w_ptr = r.blob(op.out, "gn_w") if op.norm and not fold else 0
+        gn_b_ptr = r.blob(op.out, "gn_b") if op.norm and not fold else 0
+        gn_fold = r.blob(op.out, "gn_fold") if fold else 0
+        return (P(x_ptr), I(xt.size), I(xt.size), I(xt.channels), I(ldx), P(xr_ptr), I(cr), I(ldr),
+                P(r.blob(op.out, "w")), I(ldw), I(nks[0]), I(nks[1] if len(nks) > 1 else 0),
+                P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
+                P(gn_w_ptr), P(gn_b_ptr), P(gn_fold), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
+                P(out_ptr), I(ot.size), I(ot.size), I(n), I(ldo), P(r.stats_out(op.out)), I(act),
+                P(0), F(0.0), *split_args(r, op.out, splits, ws_bytes))
+
+    return OpSpec(op, key, grid, (key.threads, 1, 1), smem, blobs, make_args, mtiles * ntiles, ws_bytes)
+
+
+def gemm_workspace(batch: int, mtiles: int, ntiles: int, splits: int, bm: int, bn: int, gate: bool) -> Tuple[int, int]:
+    """(fp32 workspace elements, int32 counters) of a GEMM launch, as kernels/conv.cu conv_finish lays
+    them out: with splits > 1 the split-K partial tiles and one ticket per (sample, tile); then, for
+    a gate whose N is split over ntiles CTAs, each (sample, m tile)'s row partials of psi and its
+    ticket."""
+    tiles = batch * mtiles * ntiles
+    ws, ctr = (tiles * splits * bm * bn, tiles) if splits > 1 else (0, 0)
+    if gate and ntiles > 1:
+        ws, ctr = ws + tiles * bm, ctr + batch * mtiles
+    return ws, ctr
+
+
+def split_k(blobs: Dict[str, np.ndarray], mtiles: int, ntiles: int, nk: int, key: ConvKey, ctx: Ctx,
+            name: str) -> Tuple[int, int]:
+    """Splits, workspace bytes; adds the zeroed tickets (gemm_workspace) to the op's blobs."""
+    t = ctx.tiles.get(name)
+    tiles = mtiles * ntiles
+    splits = (1 if key.persist else min(t.splits, nk) if (t and t.splits) else
+              choose_splits(nk, tiles * ctx.batch, ctx.sms))
+    ws, ctr = gemm_workspace(ctx.batch, mtiles, ntiles, splits, key.bm, key.bn, key.gate)
+    if ctr:
+        blobs["counters"] = np.zeros(ctr, dtype=np.int32)
+    return splits, 4 * ws
+
+
+def split_args(r: Resolver, name: str, splits: int, ws_bytes: int) -> Tuple[Any, ...]:
+    if not ws_bytes:
+        return I(splits), P(0), P(0)
+    return I(splits), P(r.workspace(name)), P(r.blob(name, "counters"))
+
+
+def gate_key(op: Op, ctx: Ctx) -> ConvKey:
+    xname, skip = op.inputs
+    g, r_ch, size = (ctx.plan.tensors[xname].channels, ctx.plan.tensors[skip].channels,
+                     ctx.plan.tensors[skip].size)
+    vec = vec_for(ctx.precision, ctx, (xname, skip, op.out), (g, r_ch))
+    pipe = pipelined(ctx, vec)
+    bm, bn, wm, wn = choose_tile(ctx.precision, size * size, g, ctx.tile_batch or ctx.batch, ctx.sms, gate=True,
+                                 pipelined=pipe)
+    bk = 64 if (pipe and bn < g) else choose_bk(ctx.precision, bm, bn, vec, True)   # the split gates' tuned BK
+    key = ConvKey(ctx.precision, bm, bn, bk, wm, wn, 1, 1, 1, vec, True, nsplit=bn < g)
+    return tuned_key(key, ctx, op.out, g, 0) or (with_pipeline(key, ctx, 0) if ctx.conv_stages else key)
+
+
+def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
+    plan, p, prec = ctx.plan, ctx.params, ctx.precision
+    xname, skip = op.inputs
+    g, r_ch, size = plan.tensors[xname].channels, plan.tensors[skip].channels, plan.tensors[skip].size
+    m = size * size
+    key = gate_key(op, ctx)
+    tile = (key.bm, key.bn)
+    f32 = lambda k: np.asarray(p[op.prefix + k], dtype=np.float32)  # noqa: E731
+    segs = [np.asarray(p[op.prefix + ".gate_conv.weight"]).reshape(g, g),   # their own dtype: pack_gemm converts
+            np.asarray(p[op.prefix + ".residual_conv.weight"]).reshape(g, r_ch)]
+    bias = f32(".gate_conv.bias") + f32(".residual_conv.bias")
+    w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
+    npad = round_up(g, tile[1])
+    blobs = {"w": w, "bias": padded(bias, npad), "psi": padded(f32(".psi.weight"), npad)}
+    psi_b = float(f32(".psi.bias").ravel()[0])
+    mtiles, ntiles = cdiv(m, tile[0]), cdiv(g, tile[1])   # ntiles > 1: N split, psi summed by a ticket
+    splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
+    grid = (mtiles * splits, ntiles, ctx.batch)
+
+    def make_args(r: Resolver) -> Tuple[Any, ...]:
+        x_ptr, ldx = r.tensor(xname)
+        s_ptr, lds = r.tensor(skip)
+        out_ptr, ldo = r.tensor(op.out)
+        return (P(x_ptr), I(size), I(size), I(g), I(ldx), P(s_ptr), I(r_ch), I(lds),
+                P(r.blob(op.out, "w")), I(ldw), I(nks[0]), I(nks[1]),
+                P(r.blob(op.out, "bias")), P(0), I(0), P(0),
+                P(0), P(0), P(0), P(0), I(0), F(0.0), P(0), I(0),
+                P(out_ptr), I(size), I(size), I(g), I(ldo), P(0), I(0),
+                P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits, ws_bytes))
+
+    return OpSpec(op, key, grid, (key.threads, 1, 1), pipe_smem(key, 0), blobs, make_args, 0, ws_bytes)

@@ -1,0 +1,90 @@
+"""Kernel instantiation keys: each names one template instantiation of kernels/*.cu (its symbol) and
+the generated `extern "C"` line that makes it (jetson_unet.build.sources).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16")}
+
+
+@dataclass(frozen=True)
+class ConvKey:
+    """One instantiation of conv_gemm (kernels/conv.cu), or with stages > 0 of conv_gemm_pipe
+    (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; the default for 16-bit convs, see
+    ops.stages_from_env), or with halo of conv_gemm_halo (kernels/conv_halo.cu: 3x3 stride 1, the
+    input staged once per channel chunk as a halo tile, `stages` slots of weights in flight). ks > 1
+    (the cp.async conv only): each warp tile shared by ks warps, each taking every ks-th k step.
+    persist (the cp.async conv only): a CTA runs several M tiles (ops.TileChoice.mt)."""
+    dtype: str      # "fp32" | "fp16" | "bf16"
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    kh: int
+    stride: int
+    up: int
+    vec: int
+    gate: bool
+    stages: int = 0   # 0: conv_gemm (register-staged double buffering)
+    halo: bool = False
+    ks: int = 1       # k slices of the cp.async conv: KS warps per warp tile (kernels/conv_pipe.cu)
+    nsplit: bool = False   # a gate whose N is split over CTAs (BN < N; kernels/conv.cu conv_finish)
+    fold: bool = False     # GroupNorm folded into the GEMM (cp.async / halo convs; ops.fold_norm)
+    persist: bool = False  # several M tiles per CTA (kernels/conv_pipe.cu PERSIST)
+
+    @property
+    def symbol(self) -> str:
+        kind = ("gaten" if self.nsplit else "gate") if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
+        return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}"
+                + (f"_{'h' if self.halo else 's'}{self.stages}" if self.stages else "")
+                + (f"_k{self.ks}" if self.ks != 1 else "") + ("_f" if self.fold else "")
+                + ("_p" if self.persist else ""))
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn * self.ks
+
+    def instance(self) -> str:
+        if self.halo:
+            return (f"CONV_HALO_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
+                    f"{self.wm}, {self.wn}, {self.up}, {self.stages}, {int(self.fold)})")
+        macro, tail = (("CONV_PIPE_INSTANCE", f", {self.stages}, {self.ks}, {int(self.fold)}, {int(self.persist)}")
+                       if self.stages else ("CONV_INSTANCE", ""))
+        return (f"{macro}({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
+                f"{self.wm}, {self.wn}, {self.kh}, {self.stride}, {self.up}, {self.vec}, "
+                f"{(2 if self.nsplit else 1) if self.gate else 0}{tail})")
+
+
+@dataclass(frozen=True)
+class SimpleKey:
+    """dwconv / init_conv / init_conv_tc / final_conv instantiations: (kind, dtype, k, n, tw, cp)."""
+    kind: str       # "dwconv" | "dwconv_tc" | "init" | "init_tc" | "final"
+    dtype: str
+    k: int = 0
+    n: int = 1      # dwconv / final: elements per vector load; init, init_tc: input (image) channels
+    tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw)
+    cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp); dwconv_tc: per warp (ops.dwconv_tc_cpw)
+
+    @property
+    def symbol(self) -> str:
+        dt, w = DTYPES[self.dtype][1], (f"_w{self.tw}" if self.tw != 8 else "")
+        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}" + (f"_p{self.cp}" if self.cp != 1 else ""),
+                "dwconv_tc": f"dwconv{self.k}_{dt}_tc{self.cp}",
+                "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
+                "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc",
+                "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
+
+    def instance(self) -> str:
+        d = DTYPES[self.dtype][0]
+        if self.kind == "dwconv":
+            return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw}, {self.cp})"
+        if self.kind == "dwconv_tc":
+            return f"DW_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.cp})"
+        if self.kind == "init":
+            return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
+        if self.kind == "init_tc":
+            return f"INIT_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.n})"
+        return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n})"

@@ -1,0 +1,167 @@
+"""The spec's noise stream drawn on the GPU (kernels/noise.cu): NumPy's
+`Generator(PCG64(seed)).standard_normal(n, dtype=float32)`, bit for bit, one or more rows of n
+normals per draw, enqueued on any stream with no host synchronization.
+
+    dn = DeviceNoise(backend, n, module, rows=8)   # module: any module of the loader (noise.cu is in all)
+    dn.seed(seed, stream)                      # PCG64(seed)'s state, uploaded
+    dn.draw(out_ptr, stream)                   # n fp32 normals, NCHW as NumPy fills them
+    dn.draw(out_ptr, stream, rows=5)           # the next 5 rows at once (= 5 draws, one set of launches)
+    dn.draw(x_ptr, stream, nhwc=(C, H * W))    # the same stream scattered to NHWC (the executor's x)
+    dn.flags(stream)                           # after the work: 0, or NOISE_* bits (redraw on the host)
+    dn.state(stream)                           # the generator's state as NumPy's state dict
+    DeviceNoise(backend, n, module, graphs=True)   # each distinct draw captured once, then graph launches
+
+Flags: FLAG_AMBIGUOUS, a libm-dependent comparison was too close to call (about one draw in 1e9);
+FLAG_SHORT, a draw needed more words than it drew (never expected). Either makes every later
+draw of that seed wrong too; the caller redraws the whole run on the host. The algorithm, its NumPy
+emulation and the NumPy checks: runtime/gpu/noise_ref.py.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from jetson_unet.ops.noise_ref import FLAG_AMBIGUOUS, FLAG_SHORT, WINDOW_LOG2, n_words, numpy_noise_mode
+
+KERNELS = ("noise_words", "noise_walk", "noise_emit")
+NOISE_SOURCES = ("host", "device")   # where a sampler draws its noise: NumPy on the CPU, or DeviceNoise
+DRAW_NORMALS = 1 << 20   # the most normals a sampler's generator draws at once (~6 bytes of scratch each)
+STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("inc_hi", "<u8"),
+                        ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
+                        ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
+__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "draw_rows", "pack_state", "scratch_sizes",
+           "unpack_state"]
+
+
+def draw_rows(n: int, timesteps: int) -> int:
+    """Rows of n normals a sampler's generator is sized to draw at once: the sampler's draws double
+    (1, 1, 2, 4, ...), so none is larger than half the rows of a run."""
+    return max(1, min((int(timesteps) + 1) // 2, DRAW_NORMALS // int(n)))
+
+
+def words_cap(normals: int) -> Tuple[int, int]:
+    """(W, the specials' capacity) of a draw of `normals` normals: the words noise_words draws, and
+    room for W / 8 specials (1.5% of W expected)."""
+    W = n_words(normals)
+    return W, max(64, W // 8)
+
+
+def scratch_sizes(n: int, rows: int) -> dict:
+    """The device scratch of a generator drawing up to `rows` rows of n normals per draw."""
+    W, cap = words_cap(rows * n)
+    return {"state": STATE_DTYPE.itemsize, "words": 4 * W, "smask": W // 8, "hmask": W // 8, "spre": W // 8,
+            "hpre": W // 8, "rp": 4 * cap, "ri": 4 * cap, "rv": 4 * cap}
+
+
+def pack_state(state: dict, mode: int, window: int) -> np.ndarray:
+    """A NumPy PCG64 state dict as noise.cu's NoiseState (flags cleared)."""
+    a = np.zeros(1, STATE_DTYPE)
+    s, inc = state["state"]["state"], state["state"]["inc"]
+    a["s_lo"], a["s_hi"] = s & 0xFFFFFFFFFFFFFFFF, s >> 64
+    a["inc_lo"], a["inc_hi"] = inc & 0xFFFFFFFFFFFFFFFF, inc >> 64
+    a["has_uint32"], a["uinteger"] = int(state["has_uint32"]), int(state["uinteger"])
+    a["log1pf_mode"], a["window"] = mode, window
+    return a
+
+
+def unpack_state(a: np.ndarray) -> dict:
+    r = a.reshape(-1)[0]
+    return {"bit_generator": "PCG64",
+            "state": {"state": (int(r["s_hi"]) << 64) | int(r["s_lo"]), "inc": (int(r["inc_hi"]) << 64) | int(r["inc_lo"])},
+            "has_uint32": int(r["has_uint32"]), "uinteger": int(r["uinteger"])}
+
+
+class DeviceNoise:
+    """One generator and its scratch for rows of n normals. Raises NoiseUnsupported (from
+    noise_ref.numpy_noise_mode) when this NumPy draws another stream."""
+
+    window_log2 = WINDOW_LOG2    # test hook: a wide window flags most draws (exercises the host redraw)
+
+    def __init__(self, backend: Any, n: int, module: Any = None, rows: int = 1, graphs: bool = False) -> None:
+        self.mode, self.exact = numpy_noise_mode()
+        if not 1 <= n * rows < 1 << 30:
+            raise ValueError(f"device noise draws hold 1 .. 2^30 normals, got {rows} rows of {n}")
+        self.backend, self.n, self.rows = backend, int(n), int(rows)
+        self.W, self.cap = words_cap(self.n)         # one row's draw (a test hook: a test may shrink W)
+        self.groups = self.W // 32
+        if module is None:
+            from jetson_unet.build.loader import KernelSet
+            module = KernelSet(backend, [], name="noise").module
+        self._fn = {k: module.get(k) for k in KERNELS}
+        from jetson_unet.executor.memory import regions   # here: the pipeline imports this module, and memory pulls in ops
+        offs, total = regions(scratch_sizes(self.n, self.rows))   # the largest draw
+        self._buf = backend.alloc(total)
+        self.nbytes = total
+        self.ptr = {k: np.uint64(self._buf.ptr + o) for k, o in offs.items()}
+        self._up = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)     # seed() writes it
+        self._down = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)   # flags() / state() read it
+        # graphs: a draw's three launches are captured once per (out, layout, rows) and replayed. On
+        # an H100, a few plain launches on a second stream leave every later kernel launch of the
+        # process ~0.2 us slower; graph launches there do not (docs/perf-notes.md session 15).
+        self._graphs: Optional[dict] = {} if graphs and getattr(backend, "supports_graphs", True) else None
+
+    def seed(self, seed: int, stream: Any) -> None:
+        """Start PCG64(seed)'s stream (the spec's generator), flags cleared."""
+        self._up[...] = pack_state(np.random.PCG64(seed).state, self.mode, self.window_log2).view(np.uint8)
+        self.backend.h2d(int(self.ptr["state"]), self._up, stream)
+
+    def _sizes(self, rows: int) -> Tuple[int, int, int]:
+        """(words W, groups W / 32, specials cap) of a draw of `rows` rows."""
+        if rows == 1:
+            return self.W, self.groups, self.cap
+        W, cap = words_cap(rows * self.n)
+        return W, W // 32, cap
+
+    def draw(self, out_ptr: int, stream: Any, nhwc: Optional[Tuple[int, int]] = None, rows: int = 1) -> None:
+        """Enqueue the next rows * n normals into out (fp32): NCHW, or NHWC when nhwc = (channels,
+        pixels). One draw of k rows is the stream of k draws of one row (the generator's buffered
+        half-word carries over either way) in one set of launches, whose cost is mostly fixed."""
+        c, hw = nhwc or (0, 0)
+        if not 1 <= rows <= self.rows:
+            raise ValueError(f"a draw of {rows} rows from a generator sized for 1 .. {self.rows}")
+        if c and self.n % (c * hw):
+            raise ValueError(f"{self.n} normals are not whole images of {c} x {hw}")
+        if self._graphs is not None:
+            key = (int(out_ptr), c, hw, rows)
+            g = self._graphs.get(key)
+            if g is None:
+                self.backend.capture_begin(stream)
+                self._launch(out_ptr, stream, c, hw, rows)
+                g = self._graphs[key] = self.backend.capture_end(stream)
+            g.launch(stream)
+        else:
+            self._launch(out_ptr, stream, c, hw, rows)
+
+    def _launch(self, out_ptr: int, stream: Any, c: int, hw: int, rows: int) -> None:
+        W, groups, cap = self._sizes(rows)
+        p, G = self.ptr, np.int32(groups)
+        out, layout = np.uint64(out_ptr), (np.int32(c), np.int32(hw))
+        self._fn["noise_words"].launch((-(-groups // 128), 1, 1), (128, 1, 1),
+                                       (p["state"], p["words"], p["smask"], p["hmask"], G), 0, stream)
+        self._fn["noise_walk"].launch((1, 1, 1), (256, 1, 1),
+                                      (p["state"], p["words"], p["smask"], p["hmask"], p["spre"], p["hpre"], p["rp"],
+                                       p["ri"], p["rv"], G, np.int32(cap), np.uint32(W), np.uint32(rows * self.n),
+                                       out) + layout, 0, stream)
+        self._fn["noise_emit"].launch((-(-groups // 8), 1, 1), (256, 1, 1),
+                                      (p["words"], p["smask"], p["hmask"], p["hpre"], G, np.uint32(rows * self.n),
+                                       out) + layout, 0, stream)
+
+    def _read(self, stream: Any) -> np.ndarray:
+        self.backend.d2h(self._down, int(self.ptr["state"]), stream)
+        stream.synchronize()
+        return self._down.view(STATE_DTYPE)
+
+    def flags(self, stream: Any) -> int:
+        """NOISE_* bits of every draw since seed() (waits for `stream`); 0: the stream is NumPy's."""
+        return int(self._read(stream)["flags"][0])
+
+    def state(self, stream: Any) -> dict:
+        """The generator's state now, as NumPy's PCG64 state dict (waits for `stream`)."""
+        return unpack_state(self._read(stream))
+
+    def close(self) -> None:
+        self._graphs = {} if self._graphs is not None else None
+        if self._buf is not None:
+            self._buf.free()
+            self._buf = None

@@ -1,0 +1,257 @@
+"""Measured tiles: the candidate tiles of each GEMM conv and gate (what tools/tune_tiles.py times)
+and the tuning file that records the fastest per op, which GpuExecutor(tiles=...) then uses instead
+of ops.choose_tile's guess.
+
+A tuning file belongs to one (model config, device, SM count, precision, batch): tiles that win on
+an H100 at batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made
+for other ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "config",
+"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo, ks, mt}}, ...measurements}; halo (the
+halo conv, kernels/conv_halo.cu), ks (k slices of the cp.async conv) and mt (its M tiles per CTA)
+may be absent (0, 1, 1) in files written before they existed.
+
+Where the executor finds them (`find_tiles`, unless told otherwise): $JETSON_UNET_TILES, else
+~/.cache/jetson-unet/tiles (where `tools/tune_tiles.py` writes by default), then the files shipped
+in runtime/tiles/ (measured on the lent H100, see docs/perf-notes.md). The file name carries the
+device, so one folder serves several GPUs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from jetson_unet.errors import ConfigError
+from jetson_unet.model.plan import CONV, GATE, Op
+from jetson_unet.ops.conv_halo import HALO_STAGES, conv_geom, halo_problems
+from jetson_unet.ops.common import MAX_STAGES, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, k_residual
+from jetson_unet.ops.conv_pipe import PIPE_RING_LIMIT, PIPE_SCRATCH, pipe_ring_bytes
+from jetson_unet.ops.conv import check_key, conv_matrix, gate_key, gemm_key
+from jetson_unet.ops.specs import kernel_kind, op_spec
+
+FORMAT = 1
+ENV = "JETSON_UNET_TILES"
+SHIPPED = Path(__file__).resolve().parent.parent / "tiles"
+# (BM, BN, WM, WN): 4-warp tiles from 32x32 to 128x64, and 8-warp ones for 128-row / 128-column tiles
+TC_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 2, 2),
+            (64, 128, 2, 2), (128, 64, 4, 2), (64, 128, 2, 4), (128, 128, 4, 2), (64, 64, 2, 1))
+FFMA_TILES = ((32, 32, 2, 2), (64, 32, 2, 2), (32, 64, 2, 2), (64, 64, 2, 2))
+GATE_ROWS = ((32, 2, 2), (64, 2, 2), (32, 1, 4), (64, 1, 4))
+# the halo conv's tiles (kernels/conv_halo.cu), each with BK 64 where Cin allows it, else 32; all
+# with <= 32 accumulators per thread (128x128 with 8 warps spilled on sm_87)
+HALO_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 4, 2),
+              (64, 128, 2, 4))
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def tunable(op: Op, ctx: Ctx) -> bool:
+    return op.kind == GATE or (op.kind == CONV and kernel_kind(op, ctx.plan) == "gemm")
+
+
+def base_key(op: Op, ctx: Ctx) -> Any:
+    """The heuristic's key of `op` (no tuned tile), whose vec / kh / stride / up a candidate keeps."""
+    plain = dataclasses.replace(ctx, tiles={})
+    return gate_key(op, plain) if op.kind == GATE else gemm_key(op, plain)
+
+
+def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
+    """Every tile of `op` worth timing that the kernels can instantiate (ops.check_key), splits left
+    to the heuristic; the heuristic's own tile first."""
+    heur = base_key(op, ctx)
+    key = dataclasses.replace(heur, halo=False, fold=False)   # what the im2col candidates derive from (the
+    # tile decides the fold again: ops.gemm_key)
+    gate = op.kind == GATE
+    n = ctx.plan.tensors[op.x if gate else op.out].channels
+    dyn = 0 if gate or not op.norm else 8 * ctx.plan.tensors[op.x].channels
+    tc = ctx.precision != "fp32"
+    if gate:
+        # the whole N in one CTA, or split over 2-4 CTAs whose psi partials meet through a ticket;
+        # split ones with <= 16 accumulators per thread (at 32, ptxas spilled 16-24 bytes on sm_87
+        # around the ticket epilogue, at the 128- and at the 168-register cap alike)
+        shapes = [(bm, bn, wm, wn) for bn in (key.bn, key.bn // 2, key.bn // 4) if bn >= 32
+                  for bm, wm, wn in GATE_ROWS if bn == key.bn or bm * bn <= 512 * wm * wn]
+    else:
+        widest = max(32, 1 << (n - 1).bit_length())   # no BN wider than N rounded up to a power of two
+        shapes = [s for s in (TC_TILES if tc else FFMA_TILES) if s[1] <= widest]
+    pipe = bool(ctx.conv_stages) and tc and key.vec == VEC_MAX[ctx.precision]
+    out = [TileChoice(heur.bm, heur.bn, heur.wm, heur.wn, heur.bk, heur.stages, halo=int(heur.halo))]
+    for bm, bn, wm, wn in shapes:
+        variants = []
+        if pipe:
+            for stages in range(3, min(4, MAX_STAGES) + 1):
+                # the deepest static ring; at 3 stages also each deeper one (BK 64 over a static BK 32,
+                # or a tile no static ring fits) in dynamic smem (ops.deep_ring; check_key keeps those
+                # that fit)
+                budget = min(PIPE_RING_LIMIT, SMEM_LIMIT - PIPE_SCRATCH - dyn)
+                for bk in (64, 32):
+                    static = pipe_ring_bytes(bm, bn, bk, stages) <= budget
+                    if static or stages == 3:
+                        variants.append((bk, stages))
+                    if static:
+                        break
+        else:
+            variants = [(64, 0), (32, 0)] if tc else [(16, 0)]
+        for bk, stages in variants:
+            # k slices for tiles of up to 4 warps and 32 accumulators per thread (8 warps with them,
+            # still two CTAs per SM at the 128-register cap: more warps per tile, the batch-1 case)
+            for ks in ((1, 2) if stages and wm * wn <= 4 and bm * bn <= 1024 * wm * wn else (1,)):
+                t = TileChoice(bm, bn, wm, wn, bk, stages, ks=ks)
+                try:
+                    check_key(dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=stages, ks=ks,
+                                                  nsplit=gate and bn < n), n, dyn, op.out)
+                except ConfigError:
+                    continue
+                if t not in out:
+                    out.append(t)
+    if pipe and not gate:
+        geom = conv_geom(op, ctx)
+        for bm, bn, wm, wn in HALO_TILES:
+            if bn > widest:
+                continue
+            for bk in (64, 32):
+                k = dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=HALO_STAGES, halo=True)
+                if not halo_problems(k, geom):
+                    t = TileChoice(bm, bn, wm, wn, bk, HALO_STAGES, halo=1)
+                    if t not in out:
+                        out.append(t)
+                    break
+    return out
+
+
+def builtin_tiles(ctx: Ctx) -> Dict[str, TileChoice]:
+    """The built-in heuristic's tile of every tunable op for ctx's batch and SM count, with its split-K
+    factor: what an untuned GPU of ctx.sms SMs runs, as a tile mapping any GPU can run (tests/gpu runs
+    an Orin's on the lent GPU)."""
+    plain = dataclasses.replace(ctx, tiles={})
+    out = {}
+    for op in ctx.plan.ops:
+        if tunable(op, plain):
+            spec = op_spec(op, plain)
+            k, m = spec.key, ctx.plan.tensors[op.out].size ** 2
+            out[op.out] = TileChoice(k.bm, k.bn, k.wm, k.wn, k.bk, k.stages, splits=spec.grid[0] // cdiv(m, k.bm),
+                                     halo=int(k.halo), ks=k.ks)
+    return out
+
+
+def k_segments(op: Op, ctx: Ctx) -> List[int]:
+    """The GEMM's K segments (the conv, then its residual's (ops.k_residual) or the gate's skip input)."""
+    t = ctx.plan.tensors
+    if op.kind == GATE:
+        return [t[op.inputs[0]].channels, t[op.inputs[1]].channels]
+    xr = k_residual(op)
+    return [conv_matrix(op, ctx.params).shape[1]] + ([t[xr].channels] if xr else [])
+
+
+def with_splits(t: TileChoice, segments: List[int]) -> List[TileChoice]:
+    """`t` with each split-K factor that leaves every split at least two k-tiles."""
+    nk = sum(cdiv(k, t.bk) for k in segments)
+    return [dataclasses.replace(t, splits=s) for s in SPLITS if s <= max(1, nk // 2)]
+
+
+def with_mts(t: TileChoice, mts: Sequence[int]) -> List[TileChoice]:
+    """`t` with each count of M tiles per CTA (> 1; ops.TileChoice.mt) where its kernel can run
+    several: the cp.async conv without k slices (not the halo conv; gates are the caller's to leave
+    out); no split-K with them."""
+    if not t.stages or t.halo or t.ks != 1:
+        return []
+    return [dataclasses.replace(t, mt=m, splits=1) for m in mts if m > 1]
+
+
+def dump_tiles(path: Path, tiles: Mapping[str, TileChoice], meta: Mapping[str, Any]) -> None:
+    doc = dict(meta)
+    doc["format"] = FORMAT
+    doc["tiles"] = {name: dataclasses.asdict(t) for name, t in sorted(tiles.items())}
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def load_tiles(path: Path, precision: str, batch: int, sms: int, config: Any = None) -> Dict[str, TileChoice]:
+    """The tiles of a tuning file, refused (ConfigError, one line) when it was measured for another
+    precision, batch, SM count or (when given) model config, or is not a tuning file."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+        tiles = {str(k): TileChoice(**{f: int(v[f]) for f in ("bm", "bn", "wm", "wn", "bk", "stages", "splits")},
+                                    halo=int(v.get("halo", 0)), ks=int(v.get("ks", 1)), mt=int(v.get("mt", 1)))
+                 for k, v in doc["tiles"].items()}
+        made = (str(doc["precision"]), int(doc["batch"]), int(doc["sms"]))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the tuning file ({e.strerror or e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path}: not a tuning file of format {FORMAT} ({type(e).__name__}: {e})") from None
+    if made != (precision, int(batch), int(sms)):
+        raise ConfigError(f"{path}: tiles measured for {made[0]} batch {made[1]} on {made[2]} SMs, "
+                          f"not {precision} batch {batch} on {sms} SMs")
+    if config is not None and doc.get("config") != config.to_dict():
+        raise ConfigError(f"{path}: tiles measured for another model config")
+    return tiles
+
+
+def tiles_dirs(environ: Mapping[str, str] = os.environ) -> List[Path]:
+    """Where find_tiles looks, first match wins: $JETSON_UNET_TILES (or the user cache), then the
+    shipped files."""
+    if environ.get(ENV):
+        first = Path(environ[ENV])
+    else:
+        base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        first = Path(base) / "jetson-unet" / "tiles"
+    return [first, SHIPPED]
+
+
+def file_name(device: str, sms: int, precision: str, batch: int) -> str:
+    """The tuning file's name; device "*": the glob of every device's file of that kind."""
+    slug = "*" if device == "*" else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
+    return f"tiles-{slug}-{int(sms)}sm-{precision}-b{int(batch)}.json"
+
+
+def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> str:
+    """What the CLI says when find_tiles found nothing for this GPU: it runs the built-in tiles (on the
+    H200 in session 22 a call was 2.5% / 1.5% slower at batch 1 / 16 with them, docs/perf-notes.md)."""
+    return (f"no measured tiles for {device} ({sms} SMs), {precision}, batch {batch}: built-in tiles; "
+            f"`python3 tools/tune_tiles.py --precision {precision} --batch {batch}` measures them once "
+            "(a few minutes)")
+
+
+def find_tiles(config: Any, device: str, sms: int, precision: str, batch: int,
+               dirs: Optional[Sequence[Path]] = None) -> Optional[Tuple[Path, Dict[str, TileChoice]]]:
+    """The first tuning file for this (device, SMs, precision, batch) whose config matches, or None.
+    A file that exists but does not fit (another config, corrupt) is skipped, not fatal: the
+    built-in tiles always work."""
+    name = file_name(device, sms, precision, batch)
+    for d in tiles_dirs() if dirs is None else dirs:
+        path = Path(d) / name
+        if path.is_file():
+            try:
+                return path, load_tiles(path, precision, batch, sms, config)
+            except ConfigError:
+                continue
+    return None
+
+
+def prepare_tiles(config: Any, sms: int, precision: str, batch: int, device: Optional[str] = None,
+                  dirs: Optional[Sequence[Path]] = None) -> List[Tuple[Optional[Path], Dict[str, TileChoice]]]:
+    """The tile sets `jetson-sample --prepare` builds modules for, as (file or None, tiles); {} are
+    the built-in tiles. For this machine's GPU (`device` named): what the executor will use, the
+    first find_tiles match, else the built-in tiles. For a board named only by arch and SM count
+    (cross-compiling): the built-in tiles and every usable tuning file of that SM count, precision,
+    batch and config in the same folders, whatever its device (a file measured on the board and
+    copied back), first folder winning per file name as in find_tiles."""
+    if device is not None:
+        found = find_tiles(config, device, sms, precision, batch, dirs)
+        return [found if found else (None, {})]
+    out: List[Tuple[Optional[Path], Dict[str, TileChoice]]] = [(None, {})]
+    seen = set()
+    pattern = file_name("*", sms, precision, batch)
+    for d in tiles_dirs() if dirs is None else dirs:
+        for path in sorted(Path(d).glob(pattern)):
+            if path.name in seen:
+                continue
+            seen.add(path.name)
+            try:
+                out.append((path, load_tiles(path, precision, batch, sms, config)))
+            except ConfigError:
+                continue
+    return out

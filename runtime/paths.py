@@ -1,0 +1,50 @@
+"""Where the package's files and caches live: the one place for folders and the environment
+variables that move them (read here and in the CLIs only).
+
+| variable | what it moves | default |
+| --- | --- | --- |
+| JETSON_UNET_CACHE | the kernel cache root (cubins in `cubins/v1/`) | $XDG_CACHE_HOME/jetson-unet |
+| JETSON_UNET_TILES | the folder of measured tuning files (`jetson-tune` writes there) | <cache root>/tiles |
+| XDG_CACHE_HOME | the user's cache folder | ~/.cache |
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+CACHE_ENV = "JETSON_UNET_CACHE"
+TILES_ENV = "JETSON_UNET_TILES"
+
+
+def models_dir() -> Path:
+    """Folder of the shipped models: the package data `jetson_unet.models` (the repo's weights/)."""
+    import jetson_unet.models as models
+    return Path(models.__file__).parent
+
+
+def kernels_dir() -> Path:
+    """Folder of the CUDA sources: the package data `jetson_unet.kernels` (the repo's kernels/)."""
+    import jetson_unet.kernels as kernels
+    return Path(kernels.__file__).parent
+
+
+def shipped_tiles_dir() -> Path:
+    """The tuning files measured on the lent H100/H200, shipped as package data `jetson_unet.tiles`."""
+    return Path(__file__).resolve().parent / "tiles"
+
+
+def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
+    """$JETSON_UNET_CACHE, else $XDG_CACHE_HOME (or ~/.cache)/jetson-unet."""
+    if environ.get(CACHE_ENV):
+        return Path(environ[CACHE_ENV])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "jetson-unet"
+
+
+def user_tiles_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where `jetson-tune` writes and the executor first looks: $JETSON_UNET_TILES, else <XDG cache>/jetson-unet/tiles."""
+    if environ.get(TILES_ENV):
+        return Path(environ[TILES_ENV])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "jetson-unet" / "tiles"

@@ -1,0 +1,446 @@
+"""The sampling loop on the GPU, overlapped with streams and events. Two modes:
+
+cpu (the seed design): each step runs the U-Net on a compute stream, copies eps to pinned memory on
+    the copy stream, runs `schedule.p_sample` on the CPU in NumPy (the reference's code and noise
+    stream, so images match the reference for a seed) and uploads x for the next step. For batch
+    >= 2 the batch is split into two halves in ping-pong: the GPU runs one half's U-Net while the
+    CPU samples the other. The next step's time-dependent work costs nothing per step: the time
+    biases of all T timesteps are computed once per load (see executor.py).
+gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (final_conv), and its
+    first (init_conv) advances the step in an extra CTA; one CUDA graph holds a whole step (the
+    U-Net) and is replayed for every step, because the kernels read the step number from device
+    memory. Images
+    equal the cpu mode's up to fp32 rounding. The noise (the same seeded stream) is either drawn
+    on the CPU and uploaded in chunks on the copy stream while earlier steps run (noise="host"), or
+    drawn on the GPU by jetson_unet.ops.noise (on a side stream beside the steps, each draw a CUDA
+    graph; without graphs, between the steps), x_T straight into the executor's input and each row
+    ahead of the step that reads it (noise="device"; a run whose device draws raised a flag is
+    redrawn on the host, so the images are always the spec's stream).
+Streams: on an H100 a process in which a few plain (non-graph) kernel launches went to a second
+    stream runs every later kernel launch ~0.2 us slower for good, graphs included (a batch-1 U-Net
+    call 400 -> 427 us); graph launches on other streams do not do that (docs/perf-notes.md session
+    15). So in gpu mode plain launches go to the compute stream only: the side stream's draws are
+    graphs, and a Pipeline keeps one compute stream for all its samplers. (cpu mode's ping-pong
+    launches its second half-batch on a second stream, and pays for it.)
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from jetson_unet.errors import NoiseUnsupported, RuntimeErrorBase, UsageError, stderr_notice
+from jetson_unet.model.schedule import NoiseStream, Step, p_sample
+from jetson_unet.trace import Timeline
+from jetson_unet.executor import memory
+from jetson_unet.executor.executor import GpuExecutor, StepTables, backend_integrated, device_sm_count
+from jetson_unet.ops.noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise, draw_rows
+
+MODES = ("gpu", "cpu")
+NOISE_CHUNK = 8            # steps of noise per upload in gpu mode; device noise: rows drawn ahead
+Callback = Callable[[int, int], None]
+
+
+class GpuRunError(RuntimeErrorBase):
+    """A CUDA error while sampling (surfaced at the next synchronization point)."""
+
+
+@contextmanager
+def nvtx(backend: Any, name: str) -> Iterator[None]:
+    """An NVTX range (Nsight Systems on a Jetson shows the phases); nothing where unsupported."""
+    push = getattr(backend, "nvtx_push", None)
+    if push is None:
+        yield
+        return
+    push(name)
+    try:
+        yield
+    finally:
+        backend.nvtx_pop()
+
+
+def nchw_to_nhwc(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+class GpuSampler:
+    """Owns the executors (one, or two half-batch ones in cpu ping-pong) and their streams."""
+
+    def __init__(self, weights: Any, precision: str, batch: int, mode: str = "gpu", graphs: bool = True,
+                 backend: Any = None, noise: str = "host", notice: Callable[[str], None] = stderr_notice,
+                 stream: Any = None) -> None:
+        if mode not in MODES:
+            raise UsageError(f"unknown GPU sampling mode {mode!r} (choose from {', '.join(MODES)})")
+        if noise not in NOISE_SOURCES:
+            raise UsageError(f"unknown noise source {noise!r} (choose from {', '.join(NOISE_SOURCES)})")
+        if noise == "device" and mode != "gpu":
+            raise UsageError("device noise goes with gpu mode (cpu mode samples on the host)")
+        from jetson_unet.backends import get_backend
+        self.backend = backend or get_backend("cupy")
+        self.mode, self.batch, self.precision = mode, int(batch), precision
+        self.graphs = bool(graphs) and getattr(self.backend, "supports_graphs", True)   # pycuda: none
+        # Memory: the whole sampler must fit before anything is compiled, pinned or uploaded (on a
+        # Jetson its pinned buffers too: jetson_unet.executor.memory.check_fits). gpu mode checks its one
+        # executor's own estimate plus the sampler's tables; cpu mode estimates both halves first.
+        sms, free = device_sm_count(self.backend), self.backend.mem_info()[0]
+        integrated = backend_integrated(self.backend)
+
+        def at(b: int) -> memory.MemoryEstimate:
+            return memory.estimate(weights, precision, b, sms, mode, noise)
+
+        def fits(e: memory.MemoryEstimate) -> None:
+            memory.check_fits(memory.sampler_estimate(weights.config, [e], batch, mode, noise), free, integrated, at)
+        halves = memory.halves(batch, mode)
+        if len(halves) > 1:
+            memory.check_fits(at(batch), free, integrated, at)
+        self.executors = [GpuExecutor(weights, precision, b, self.backend, fits=fits if len(halves) == 1 else None)
+                          for b in halves]
+        self.config = weights.config
+        # stream: the compute stream, given by a caller that keeps one across samplers (Pipeline,
+        # jetson-bench): plain launches on more than one stream slow a process's later launches
+        self.compute = [stream or self.backend.stream()] + [self.backend.stream() for _ in halves[1:]]
+        self.copy = self.backend.stream()
+        self.noise, self.notice = noise, notice
+        self.side = None   # device noise draws: beside the steps as graphs, else between them
+        if noise == "device":   # (H100, side vs between, s/image: b1 0.0414 / 0.0420, b16 0.00684 / 0.00768)
+            self.side = self.backend.stream() if self.graphs else self.compute[0]
+        self._dnoise: Optional[DeviceNoise] = None
+        self._host_noise: Optional[np.ndarray] = None
+        self._graph: Any = None
+        self._tables: Any = None
+        self.last_stats: dict = {}
+
+    # ---- shared ------------------------------------------------------------------------------------
+    @property
+    def image_elems(self) -> int:
+        c = self.config
+        return c.channels * c.image_size * c.image_size
+
+    def _sync(self, event: Any, step: int) -> None:
+        try:
+            event.synchronize()
+        except Exception as e:   # a CUDA error from any earlier launch surfaces here
+            raise GpuRunError(f"GPU error at step {step}: {type(e).__name__}: {e}") from None
+
+    @property
+    def streams(self) -> List[Any]:
+        return self.compute + [self.copy] + ([self.side] if self.side is not None and self.side not in self.compute
+                                             else [])
+
+    def close(self) -> None:
+        for s in self.streams:
+            try:
+                s.synchronize()
+            except Exception:
+                pass
+        for ex in self.executors:
+            ex.close()
+        if self._tables is not None:
+            self._tables.free()
+            self._tables = None
+        if self._dnoise is not None:
+            self._dnoise.close()
+            self._dnoise = None
+        self.executors, self._graph = [], None
+
+    def wait_weights(self) -> None:
+        """Block until every executor's early-start weight upload has landed."""
+        for ex in self.executors:
+            ex.wait_weights(ex.stream)
+            ex.stream.synchronize()
+
+    def prepare(self) -> None:
+        """What the first run() would otherwise do before its first step: gpu mode's device tables
+        and pinned noise rows (device noise: its generator and the check of this NumPy's stream),
+        and the end of the weight upload. The step graph is still captured
+        by the first run (after its first step, see _capture)."""
+        if not self.executors:
+            raise UsageError("this GpuSampler is closed")
+        if self.mode == "gpu" and self._tables is None:
+            self._prepare_gpu()
+        self.wait_weights()
+
+    def run(self, steps: Sequence[Step], seed: int, callback: Optional[Callback] = None,
+            timeline: Optional[Timeline] = None) -> np.ndarray:
+        """x_0 as float32 (B, C, H, W)."""
+        if not self.executors:
+            raise UsageError("this GpuSampler is closed")
+        tl = timeline or Timeline(self.backend, enabled=False)
+        tl.start(self.compute[0])
+        try:
+            with nvtx(self.backend, f"sampling {self.mode} b{self.batch} {len(steps)} steps"):
+                if self.mode == "cpu":
+                    return self._run_cpu(list(steps), seed, callback, tl)
+                return self._run_gpu(list(steps), seed, callback, tl)
+        except BaseException:
+            for s in self.streams:   # leave no work in flight on buffers we may free
+                try:
+                    s.synchronize()
+                except Exception:
+                    pass
+            raise
+
+    # ---- cpu mode -------------------------------------------------------------------------------------
+    def _run_cpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline) -> np.ndarray:
+        be, exs = self.backend, self.executors
+        c = self.config
+        noise = NoiseStream(seed, (self.batch, c.channels, c.image_size, c.image_size))
+        xs = np.array_split(noise.draw(), len(exs))
+        cut = np.cumsum([ex.batch for ex in exs])[:-1]
+        pin_x = [be.pinned((ex.batch, c.image_size, c.image_size, c.channels), np.float32) for ex in exs]
+        pin_e = [be.pinned(p.shape, np.float32) for p in pin_x]
+        ev_up = [be.event(timing=False) for _ in exs]
+        ev_eps = [be.event(timing=False) for _ in exs]
+        ev_down = [be.event(timing=False) for _ in exs]
+        spans: List[Any] = []
+
+        def launch(h: int, s: int) -> None:   # upload x_h, U-Net step s, download eps_h
+            ex = exs[h]
+            pin_x[h][...] = nchw_to_nhwc(xs[h])
+            be.h2d(ex.x_ptr, pin_x[h], self.copy)
+            ev_up[h].record(self.copy)
+            be.wait(self.compute[h], ev_up[h])
+            e0, e1 = tl.gpu_span(f"compute {h}", f"unet {s}", self.compute[h])
+            ex.run(self.compute[h], ex.t_row_ptr(steps[s].t))
+            if e1 is not None:
+                e1.record(self.compute[h])
+                spans.append((e0, e1))
+            ev_eps[h].record(self.compute[h])
+            be.wait(self.copy, ev_eps[h])
+            be.d2h(pin_e[h], ex.eps_ptr, self.copy)
+            ev_down[h].record(self.copy)
+
+        for h in range(len(exs)):
+            launch(h, 0)
+        for s, st in enumerate(steps):
+            z = noise.draw() if st.sigma > 0 else None   # drawn while the GPU runs step s
+            zs = np.split(z, cut) if z is not None else [None] * len(exs)
+            for h in range(len(exs)):
+                self._sync(ev_down[h], s)
+                t0 = time.perf_counter()
+                with nvtx(be, f"p_sample {s}.{h}"):
+                    xs[h] = p_sample(xs[h], pin_e[h].transpose(0, 3, 1, 2), st, zs[h])
+                tl.cpu_span(f"p_sample {s}.{h}", t0, time.perf_counter())
+                if s + 1 < len(steps):
+                    launch(h, s + 1)
+            if cb is not None:
+                cb(s, len(steps))
+        self.last_stats = {"unet_ms": [e0.elapsed_ms(e1) for e0, e1 in spans]} if spans else {}
+        return np.concatenate(xs, axis=0)
+
+    # ---- gpu mode -------------------------------------------------------------------------------------
+    def _prepare_gpu(self) -> None:
+        """Device tables + the step graph; once per sampler (any sampler / step count <= T)."""
+        ex, be, T = self.executors[0], self.backend, self.config.timesteps
+        n = self.batch * self.image_elems
+        offs, total = memory.regions(memory.sampler_tables(self.config, self.batch))   # as the memory report
+        self._tables = be.alloc(total)
+        o = self._off = {k: self._tables.ptr + off for k, off in offs.items()}
+        # n_steps = T, not a run's step count: the graph serves every run
+        self._step = StepTables(o["noise"], o["cur"], o["counter"], o["t_of_step"], o["coef"], o["noise_row"], T)
+        if self.noise == "device":
+            try:
+                self._dnoise = DeviceNoise(be, n, ex.kernels.module, rows=draw_rows(n, T), graphs=self.graphs)
+            except NoiseUnsupported as e:
+                self.notice(f"note: {e}; drawing the noise on the host")
+                self.noise = "host"
+            else:
+                if not self._dnoise.exact:
+                    self.notice("note: this NumPy's log1pf is neither glibc's nor correctly rounded: device noise "
+                                "values beyond |z| = 3.65 (~1e-5 of them) may differ from NumPy's by 1 ulp")
+        if self.noise == "host":   # device noise needs them only to redraw a flagged run (_HostFeed)
+            self._host_noise = be.pinned((T, n), np.float32)
+        self._host_tab = {"coef": be.pinned((T, 3), np.float32), "noise_row": be.pinned((T,), np.int32),
+                          "t_of_step": be.pinned((T,), np.int32), "counter": be.pinned((1,), np.int32)}
+        self._tables_for: Optional[list] = None   # the steps whose tables are on the device
+        self._done = [be.event(timing=False) for _ in range(2)]
+
+    def _capture(self, stream: Any) -> None:
+        """The step graph, captured after the first step was enqueued with plain launches: those
+        wait per op for the early-start weight upload, which a graph must not capture."""
+        ex = self.executors[0]
+        ex.wait_weights(stream)
+        self.backend.capture_begin(stream)
+        ex.run(stream, step=self._step)
+        self._graph = self.backend.capture_end(stream)
+
+    def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline,
+                 noise: Optional[str] = None) -> np.ndarray:
+        if self._tables is None:
+            self._prepare_gpu()
+        be, ex, s0 = self.backend, self.executors[0], self.compute[0]
+        source = noise or self.noise
+        tab = self._host_tab
+        rows = np.cumsum([st.sigma > 0 for st in steps]) - 1
+        key = [(st.t, st.c_x, st.c_eps, st.sigma) for st in steps]
+        if key != self._tables_for:   # the last run's step tables stay valid on the device for the same steps
+            tab["coef"][:len(steps)] = [(st.c_x, st.c_eps, st.sigma) for st in steps]
+            tab["noise_row"][:len(steps)] = [r if st.sigma > 0 else -1 for r, st in zip(rows, steps)]
+            tab["t_of_step"][:len(steps)] = [st.t for st in steps]
+            for k in ("coef", "noise_row", "t_of_step"):
+                be.h2d(self._off[k], tab[k], s0)
+            self._tables_for = key
+        tab["counter"][0] = -1   # each step's init_conv moves it on and sets t_idx (kernels/io.cu)
+        be.h2d(self._off["counter"], tab["counter"], s0)
+        done = self._done   # step s records done[s % 2]; the host waits for step s - 1 after enqueuing s
+        n_rows = int(rows[-1]) + 1 if len(rows) else 0
+        feed = (_DeviceFeed if source == "device" else _HostFeed)(self, seed, n_rows, s0)   # x_T goes in first
+        try:
+            for s, st in enumerate(steps):
+                feed.before_step(int(rows[s]) + 1 if st.sigma > 0 else 0, s0)
+                if self.graphs and self._graph is None and s >= 1:
+                    self._capture(s0)
+                e0, e1 = tl.gpu_span("compute 0", f"step {s}", s0)
+                with nvtx(be, f"step {s}"):
+                    if self._graph is not None:
+                        self._graph.launch(s0)
+                    else:   # one step: the U-Net, whose first and last kernels advance and take it
+                        ex.run(s0, step=self._step)
+                if e1 is not None:
+                    e1.record(s0)
+                done[s % 2].record(s0)
+                feed.after_step(int(rows[s]) + 1 if st.sigma > 0 else 0)
+                if s >= 1:    # keep at most two steps queued: progress and cancel within one step
+                    self._sync(done[(s - 1) % 2], s - 1)
+                    if cb is not None:
+                        cb(s - 1, len(steps))
+        finally:
+            feed.halt()
+        self._sync(done[(len(steps) - 1) % 2], len(steps) - 1)
+        if source == "device":
+            flags = self._dnoise.flags(self.side)
+            if flags:   # this seed's stream is not certain past the flagged draw: all of it again, on the host
+                why = "a libm-dependent comparison too close to call" if flags & FLAG_AMBIGUOUS else "a draw ran short"
+                self.notice(f"note: device noise flagged {why}; sampling seed {seed} again with host noise")
+                return self._run_gpu(steps, seed, cb, tl, noise="host")
+        if cb is not None:
+            cb(len(steps) - 1, len(steps))
+        pin_x = ex._host_x
+        be.d2h(pin_x, ex.x_ptr, s0)
+        s0.synchronize()
+        return np.ascontiguousarray(pin_x.transpose(0, 3, 1, 2)).copy()
+
+    def _upload_rows(self, first: int, last: int, s0: Any) -> None:
+        """Noise rows [first, last) to the device on the copy stream; s0 waits for them."""
+        n = self.batch * self.image_elems
+        self.backend.h2d(self._off["noise"] + 4 * n * first, self._host_noise[first:last], self.copy)
+        ev = self.backend.event(timing=False)
+        ev.record(self.copy)
+        self.backend.wait(s0, ev)
+
+
+class _HostFeed:
+    """Host noise: x_T uploaded now; the rows drawn by a producer thread and uploaded on the copy
+    stream as they come, the compute stream waiting for each upload before the steps that read it."""
+
+    def __init__(self, sampler: GpuSampler, seed: int, n_rows: int, s0: Any) -> None:
+        be, ex, c = sampler.backend, sampler.executors[0], sampler.config
+        noise = NoiseStream(seed, (sampler.batch, c.channels, c.image_size, c.image_size))
+        ex._host_x[...] = nchw_to_nhwc(noise.draw())
+        be.h2d(ex.x_ptr, ex._host_x, s0)
+        if sampler._host_noise is None:   # pinned rows, only once host noise is used
+            sampler._host_noise = be.pinned((c.timesteps, sampler.batch * sampler.image_elems), np.float32)
+        self.sampler, self.uploaded = sampler, 0
+        self.producer = _NoiseProducer(noise, sampler._host_noise, n_rows)
+        self.producer.start()
+
+    def before_step(self, need: int, s0: Any) -> None:
+        """Rows [0, need) must be on the device before the next step."""
+        p = self.producer
+        ready = p.wait_rows(need) if need > self.uploaded else p.ready
+        if ready > self.uploaded:      # whatever the producer has drawn so far goes up now
+            self.sampler._upload_rows(self.uploaded, ready, s0)
+            self.uploaded = ready
+
+    def after_step(self, need: int) -> None:
+        """Nothing to enqueue: the producer thread draws ahead on its own."""
+
+    def halt(self) -> None:
+        self.producer.halt()
+
+
+class _DeviceFeed:
+    """Device noise on sampler.side (the compute stream itself without graphs): x_T into the
+    executor's input (NHWC), then the rows, each drawn at least NOISE_CHUNK rows ahead of the step
+    that reads it, in draws of doubling size (1, 1, 2, 4, ... rows, at most the generator's
+    capacity): a draw costs mostly a fixed ~60 us on an H100, so 8 draws at batch 1 instead of 99.
+    The compute stream waits on a draw's event between graph replays, never inside the captured
+    step."""
+
+    def __init__(self, sampler: GpuSampler, seed: int, n_rows: int, s0: Any) -> None:
+        be, ex, c, dn = sampler.backend, sampler.executors[0], sampler.config, sampler._dnoise
+        dn.seed(seed, sampler.side)
+        dn.draw(ex.x_ptr, sampler.side, nhwc=(c.channels, c.image_size * c.image_size))
+        ev = be.event(timing=False)
+        ev.record(sampler.side)
+        be.wait(s0, ev)
+        self.sampler, self.n_rows, self.waited = sampler, n_rows, 0
+        self.events: List[Any] = []    # per row: the event of the draw that wrote it
+
+    def before_step(self, need: int, s0: Any) -> None:
+        """Rows [0, need) drawn (only what is missing: the first step waits for x_T and row 0, not
+        for the rows drawn ahead) and waited for by the compute stream."""
+        self._draw(need)
+        if need > self.waited:
+            self.sampler.backend.wait(s0, self.events[need - 1])
+            self.waited = need
+
+    def after_step(self, need: int) -> None:
+        """With the step enqueued: rows up to NOISE_CHUNK past it, on sampler.side."""
+        self._draw(need + NOISE_CHUNK)
+
+    def _draw(self, upto: int) -> None:
+        s = self.sampler
+        be, row_bytes, drawn = s.backend, 4 * s.batch * s.image_elems, len(self.events)
+        while drawn < min(self.n_rows, upto):
+            k = min(max(1, drawn), s._dnoise.rows, self.n_rows - drawn)
+            s._dnoise.draw(s._off["noise"] + row_bytes * drawn, s.side, rows=k)
+            ev = be.event(timing=False)
+            ev.record(s.side)
+            self.events += [ev] * k
+            drawn += k
+
+    def halt(self) -> None:
+        """Nothing to stop: draws in flight are waited for by run() or close()."""
+
+
+class _NoiseProducer(threading.Thread):
+    """Draws the noisy steps' z in the spec's order straight into pinned rows (NCHW: no transpose or
+    copy on the host), NOISE_CHUNK rows at a time, ahead of the GPU: NumPy's generator releases the
+    GIL while it fills an array, so drawing overlaps the host's launching and the GPU's work."""
+
+    def __init__(self, noise: NoiseStream, host: np.ndarray, n_rows: int) -> None:
+        super().__init__(name="noise-producer", daemon=True)
+        self.noise, self.host, self.n_rows = noise, host, n_rows
+        self.ready, self.error, self._stop_flag = 0, None, False
+        self._cond = threading.Condition()
+
+    def run(self) -> None:
+        try:
+            for r in range(self.n_rows):
+                if self._stop_flag:
+                    return
+                self.noise.draw(out=self.host[r].reshape(self.noise.shape))   # NCHW, as final_conv's step reads it
+                if (r + 1) % NOISE_CHUNK == 0 or r + 1 == self.n_rows:
+                    with self._cond:
+                        self.ready = r + 1
+                        self._cond.notify_all()
+        except BaseException as e:   # surfaced in the sampling thread by wait_rows
+            with self._cond:
+                self.error = e
+                self._cond.notify_all()
+
+    def wait_rows(self, k: int) -> int:
+        with self._cond:
+            while self.ready < k and self.error is None:
+                self._cond.wait()
+        if self.error is not None:
+            raise self.error
+        return self.ready
+
+    def halt(self) -> None:
+        self._stop_flag = True
+        self.join()
