@@ -19,10 +19,10 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from jetson_unet import __version__, logs
 from jetson_unet.files import atomic_open
 from jetson_unet.errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
 from jetson_unet.build.aot import COMPILERS
-from jetson_unet.build.loader import set_compile_notice
 from jetson_unet.pipeline import BACKEND_CHOICES, DEFAULT_GPU_MODE, DEFAULT_NOISE, GPU_PRECISIONS, MODES, NOISE_CHOICES, PRECISIONS, default_weights_path
 
 PROG = "jetson-sample"
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="JSON", default=None,
                    help="write a Chrome/Perfetto timeline of the GPU streams and the CPU (GPU backends)")
     p.add_argument("--nrow", type=int, default=0, help="images per grid row (0: square-ish)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_verbosity(p)
     p.add_argument("--cache", metavar="DIR", default=None,
                    help="kernel cache root, cubins in DIR/cubins/v1 (default: $JETSON_UNET_CACHE, else "
                         "~/.cache/jetson-unet)")
@@ -133,8 +133,22 @@ def _progress(quiet: bool, total: int):
     return bar, (lambda i, n: bar.update(1))
 
 
+def add_verbosity(p: argparse.ArgumentParser) -> None:
+    """--version, and the log level of the package's notices: --quiet (warnings only, no progress
+    bar) or -v (debug)."""
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--quiet", action="store_true", help="warnings and errors only, no progress bar")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug messages too")
+
+
+def set_verbosity(args: argparse.Namespace) -> None:
+    logs.configure(-1 if args.quiet else int(args.verbose))
+
+
 def sample_main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    set_verbosity(args)
     for b in args.batch or ():
         if b < 1:
             raise UsageError(f"--batch must be >= 1, got {b}")
@@ -175,13 +189,10 @@ def _sample(args: argparse.Namespace) -> int:
             from jetson_unet.trace import Timeline
             timeline = Timeline(_backend_of(pipe))
         bar, cb = _progress(args.quiet, n_steps)
-        prev = set_compile_notice(lambda m: bar.write(m, file=sys.stderr) if bar is not None else
-                                  print(m, file=sys.stderr, flush=True))
         t0 = time.perf_counter()
         try:
             images = pipe.sample(args.batch, args.steps, args.sampler, args.eta, args.seed, cb, timeline)
         finally:
-            set_compile_notice(prev)
             if bar is not None:
                 bar.close()
         dt = time.perf_counter() - t0
@@ -285,6 +296,7 @@ def _backend_of(pipe) -> object:
 def weights_main(argv: Optional[Sequence[str]] = None) -> int:
     p = _Parser(prog="jetson-weights", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                 description="Make randomly initialized weights for any config, or validate and describe a file.")
+    add_verbosity(p)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("random", help="write random weights", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("out")
@@ -294,6 +306,7 @@ def weights_main(argv: Optional[Sequence[str]] = None) -> int:
     i = sub.add_parser("info", help="validate a weights file and print its manifest")
     i.add_argument("path")
     args = p.parse_args(argv)
+    set_verbosity(args)
     from jetson_unet.model.config import UNetConfig
     from jetson_unet.model.weights import load_weights, random_params, save_weights
     if args.cmd == "random":

@@ -1,13 +1,6 @@
-"""Typed errors of the runtime. Only the CLI turns them into exit codes and one-line messages;
-one-line notices (a fallback taken, a caveat) go through a callable, by default stderr_notice."""
+"""Typed errors of the runtime. Only the CLIs turn them into exit codes and one-line messages;
+notices (a fallback taken, a caveat) go to the `jetson_unet` logger instead."""
 from __future__ import annotations
-
-import sys
-
-
-def stderr_notice(msg: str) -> None:
-    """The default sink of the runtime's one-line notices."""
-    print(msg, file=sys.stderr)
 
 
 class RuntimeErrorBase(Exception):

@@ -11,17 +11,19 @@ completion in turn; results never mix). A callback `cb(step, n_steps)` sees prog
 """
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from jetson_unet.errors import BackendUnavailable, UsageError, stderr_notice
+from jetson_unet.errors import BackendUnavailable, UsageError
 from jetson_unet.ops.noise import NOISE_SOURCES
 from jetson_unet.model.schedule import make_steps, sample_loop, to_uint8
 from jetson_unet.model.weights import Weights, load_weights
 
+log = logging.getLogger(__name__)
 BACKEND_CHOICES = ("auto", "numpy", "cupy", "pycuda")
 GPU_BACKENDS = ("cupy", "pycuda")   # auto tries them in this order
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp64")
@@ -45,7 +47,7 @@ def default_weights_path() -> Path:
 class Pipeline:
     def __init__(self, weights: Union[str, Path, Weights, None] = None, backend: str = "auto",
                  precision: str = "auto", mode: str = "auto", graphs: bool = True,
-                 notice: Callable[[str], None] = stderr_notice, noise: str = DEFAULT_NOISE) -> None:
+                 noise: str = DEFAULT_NOISE) -> None:
         if mode not in MODES:
             raise UsageError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
         self.mode = DEFAULT_GPU_MODE if mode == "auto" else mode
@@ -54,7 +56,7 @@ class Pipeline:
             raise UsageError(f"unknown noise source {noise!r} (choose from {', '.join(NOISE_CHOICES)})")
         if noise == "device" and (self.mode != "gpu" or backend == "numpy"):
             raise UsageError("device noise goes with a GPU backend in gpu mode")
-        self.noise, self._notice = noise, notice
+        self.noise = noise
         if backend not in BACKEND_CHOICES:
             raise UsageError(f"unknown backend {backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
         if precision not in PRECISIONS:
@@ -69,11 +71,11 @@ class Pipeline:
         self._engine: Any = None
         self._stream: Any = None   # one compute stream for every GpuSampler of this Pipeline
         self._closed = False
-        self.backend, self.precision = self._open_engine(backend, precision, notice)
+        self.backend, self.precision = self._open_engine(backend, precision)
         if self.noise == "auto":   # the same stream either way; the GPU draws it faster (at batch 16, 2.5x per image)
             self.noise = "device" if self.backend == "cupy" and self.mode == "gpu" else "host"
 
-    def _open_engine(self, backend: str, precision: str, notice: Callable[[str], None]):
+    def _open_engine(self, backend: str, precision: str):
         if backend != "numpy" and precision != "fp64":
             from jetson_unet.backends import get_backend
             reasons = []
@@ -86,7 +88,7 @@ class Pipeline:
                     if backend != "auto":
                         raise BackendUnavailable(str(e)) from None
                     reasons.append(f"{name}: {e}")
-            notice(f"note: no usable GPU ({'; '.join(reasons)}); using the NumPy reference backend")
+            log.warning("no usable GPU (%s); using the NumPy reference backend", "; ".join(reasons))
         if precision in ("fp16", "bf16"):
             raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
         from jetson_unet.model.reference import Reference
@@ -106,7 +108,7 @@ class Pipeline:
             if self._stream is None:   # kept across batch sizes (GpuSampler's stream argument says why)
                 self._stream = be.stream()
             self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs,
-                                      backend=be, noise=self.noise, notice=self._notice, stream=self._stream)
+                                      backend=be, noise=self.noise, stream=self._stream)
         return self._engine
 
     def load(self, batch: int = 1) -> "Pipeline":

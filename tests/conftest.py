@@ -5,6 +5,7 @@ The configs are small on purpose: the whole CPU suite runs on a 2-core CI machin
 """
 from __future__ import annotations
 
+import logging
 import zlib
 from pathlib import Path
 from typing import Callable
@@ -28,6 +29,14 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     """Seeded per test (from its node id): reproducible, yet every test sees other values."""
     seed = BASE_SEED ^ zlib.crc32(request.node.nodeid.encode())
     return np.random.Generator(np.random.PCG64(seed))
+
+
+@pytest.fixture
+def notes():
+    """The package's log messages (info and up) during the test, one string each."""
+    from jetson_unet import logs
+    with logs.captured(level=logging.INFO) as lines:
+        yield lines
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jetson_unet import logs
 from jetson_unet.bench import runner as bench
 from jetson_unet.bench import report
 from jetson_unet.model.config import Schedule, UNetConfig
@@ -130,11 +131,10 @@ def test_compare_rejects_what_is_not_a_result(numpy_result, tmp_path, capsys):
     assert bench.main(["compare", str(tmp_path / "missing.json"), str(bad)]) == 2
 
 
-def test_plots_skipped_without_matplotlib(numpy_result, tmp_path, monkeypatch):
+def test_plots_skipped_without_matplotlib(numpy_result, tmp_path, monkeypatch, notes):
     monkeypatch.setitem(sys.modules, "matplotlib", None)    # import matplotlib raises ImportError
     doc = json.loads((numpy_result / "bench.json").read_text())
-    notes: list = []
-    assert report.write_plots(doc, tmp_path, notes.append) == []
+    assert report.write_plots(doc, tmp_path) == []
     assert len(notes) == 1 and "matplotlib" in notes[0]
     assert list(tmp_path.iterdir()) == []
 
@@ -183,7 +183,7 @@ class EventFakeBackend(FakeBackend):
 @pytest.mark.parametrize("mode, batch", [("gpu", 2), ("cpu", 3)])
 def test_gpu_bookkeeping_with_a_fake_backend(weights_path, tmp_path, monkeypatch, mode, batch):
     fake = EventFakeBackend()
-    monkeypatch.setattr(bench, "resolve_backend", lambda name, notice: ("cupy", fake))
+    monkeypatch.setattr(bench, "resolve_backend", lambda name: ("cupy", fake))
     args = base_args(weights_path, tmp_path / "o") + ["--cold", "none", "--batch", str(batch), "--mode", mode]
     args[args.index("--backend") + 1] = "cupy"
     assert bench.main(args) == 0
@@ -269,8 +269,8 @@ def test_gpu_cold_start_runs_cold_warm_and_aot_on_fresh_caches(weights_path, tmp
     monkeypatch.setattr(bench, "time_child", fake_child)
     args = bench.build_parser().parse_args(base_args(weights_path, tmp_path))
     cfg = bench.BenchConfig("cupy", "fp16", "gpu", "ddim", 2, 4, False)
-    notes: list = []
-    rec = bench.cold_start(cfg, args, notice=notes.append)
+    with logs.captured() as notes:
+        rec = bench.cold_start(cfg, args)
     assert notes == []
     assert [rec[k]["s"] for k in ("cold", "warm", "aot")] == [2.0, 3.0, 5.0]
     assert [rec[k]["ready_s"] for k in ("cold", "warm", "aot")] == [9.0, 0.5, 0.4]
@@ -300,7 +300,8 @@ def test_gpu_cold_start_runs_cold_warm_and_aot_on_fresh_caches(weights_path, tmp
     ("warm", {"s": 1.0, "rc": 0, "error": None, "out": "Segmentation fault"}, "no phase times"),
     ("prepare", {"s": 1.0, "rc": 1, "error": "nvrtc: error", "out": None}, "--prepare failed: nvrtc: error"),
 ])
-def test_a_failed_cold_start_process_is_a_notice_and_nulls(weights_path, tmp_path, monkeypatch, run, failure, needle):
+def test_a_failed_cold_start_process_is_a_notice_and_nulls(weights_path, tmp_path, monkeypatch, run, failure, needle,
+                                                           notes):
     order = ["cold", "warm", "prepare", "aot"]
 
     def fake_child(cmd, env, timeout):
@@ -309,8 +310,7 @@ def test_a_failed_cold_start_process_is_a_notice_and_nulls(weights_path, tmp_pat
 
     monkeypatch.setattr(bench, "time_child", fake_child)
     args = bench.build_parser().parse_args(base_args(weights_path, tmp_path))
-    notes: list = []
-    rec = bench.cold_start(bench.BenchConfig("cupy", "fp16", "gpu", "ddpm", 10, 1, True), args, notes.append)
+    rec = bench.cold_start(bench.BenchConfig("cupy", "fp16", "gpu", "ddpm", 10, 1, True), args)
     failed = "aot" if run == "prepare" else run
     assert len(notes) == 1 and f"cold start ({failed})" in notes[0] and needle in notes[0], notes
     assert all(rec[failed][k] is None for k in PHASES + ("compiles",))

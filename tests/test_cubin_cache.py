@@ -21,7 +21,7 @@ from jetson_unet.paths import kernels_dir  # noqa: E402
 from jetson_unet.errors import KernelCompileError  # noqa: E402
 from jetson_unet.build import compilers
 from jetson_unet.build import cache as cubins  # noqa: E402
-from jetson_unet.build import loader as kmod  # noqa: E402
+from jetson_unet import logs  # noqa: E402
 from jetson_unet.build.loader import compile_notice
 from jetson_unet.build.loader import KernelSet
 from jetson_unet.ops.keys import SimpleKey
@@ -33,11 +33,9 @@ KEYS = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32"), SimpleKey("i
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setattr(KernelSet, "_cache", {})
-    notes = []
-    monkeypatch.setattr(kmod, "_notice", notes.append)
-    c = cubins.CubinCache(tmp_path / "cubins", notice=notes.append)
-    c.notes = notes
-    return c
+    c = cubins.CubinCache(tmp_path / "cubins")
+    with logs.captured() as c.notes:
+        yield c
 
 
 def kernel_set(be, cache, keys=KEYS):
@@ -151,7 +149,7 @@ def test_bad_cubin_is_detected_deleted_and_rebuilt(cache, how):
     BREAK[how](cub, cub.with_suffix(".json"))
     kernel_set(be, cache)                                # load_cubin asserts it never sees a bad file
     assert len(be.builds) == 2, "rebuilt"
-    assert any(n.startswith("note: discarded cached kernels") for n in cache.notes), cache.notes
+    assert any(n.startswith("discarded cached kernels") for n in cache.notes), cache.notes
     assert be.loads[-1] == cub and cubins.check_cubin(cub.read_bytes(), 87, kernel_set(be, cache).symbols) is None
     assert len(be.builds) == 2, "and the rebuilt entry serves the next run"
 

@@ -2,6 +2,7 @@
 and every fallback path with fake jtop / tegrastats / pynvml. CPU only, no optional deps."""
 from __future__ import annotations
 
+import logging
 import stat
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from jetson_unet import logs
 from jetson_unet.bench import telemetry as tm
 from jetson_unet.bench.telemetry import Sample, open_telemetry, parse_tegrastats_line, sample_from_jtop
 
@@ -161,9 +163,11 @@ def test_summary_prefers_the_energy_counter():
 
 
 # ---------------------------------------------------------------- fallbacks and sources
-class Notices(list):
-    def __call__(self, msg):
-        self.append(msg)
+@pytest.fixture
+def notes():
+    """The warnings the package logs during the test (telemetry says each fallback in one)."""
+    with logs.captured(level=logging.WARNING) as lines:
+        yield lines
 
 
 def block_import(monkeypatch, name):
@@ -225,10 +229,9 @@ def fake_jtop_module(enter_error=None, stats=None, power=None):
     return mod
 
 
-def test_jtop_absent_falls_back_with_one_notice(monkeypatch):
+def test_jtop_absent_falls_back_with_one_notice(monkeypatch, notes):
     block_import(monkeypatch, "jtop")
-    notes = Notices()
-    with open_telemetry("jtop", interval_s=INTERVAL, notice=notes) as tel:
+    with open_telemetry("jtop", interval_s=INTERVAL) as tel:
         assert tel.source == "none"
     assert len(notes) == 1
     assert notes[0].startswith("telemetry: jtop unavailable (ModuleNotFoundError")
@@ -236,12 +239,11 @@ def test_jtop_absent_falls_back_with_one_notice(monkeypatch):
     assert "\n" not in notes[0]
 
 
-def test_auto_with_nothing_available_gives_one_notice_naming_each(monkeypatch, tmp_path):
+def test_auto_with_nothing_available_gives_one_notice_naming_each(monkeypatch, tmp_path, notes):
     block_import(monkeypatch, "jtop")
     block_import(monkeypatch, "pynvml")
     empty_path(monkeypatch, tmp_path)
-    notes = Notices()
-    tel = open_telemetry("auto", interval_s=INTERVAL, notice=notes)
+    tel = open_telemetry("auto", interval_s=INTERVAL)
     tel.stop()
     assert tel.source == "none" and len(notes) == 1
     for part in ("jtop unavailable", "tegrastats unavailable (FileNotFoundError",
@@ -249,23 +251,21 @@ def test_auto_with_nothing_available_gives_one_notice_naming_each(monkeypatch, t
         assert part in notes[0]
 
 
-def test_jtop_service_down_falls_back_to_tegrastats(monkeypatch, tmp_path):
+def test_jtop_service_down_falls_back_to_tegrastats(monkeypatch, tmp_path, notes):
     msg = "The jtop.service is not active. Please run:\nsudo systemctl restart jtop.service"
     monkeypatch.setitem(sys.modules, "jtop", fake_jtop_module(enter_error=msg))
     fake_tegrastats(monkeypatch, tmp_path, lines("orin_nano_jp6.txt"))
-    notes = Notices()
-    with open_telemetry("auto", interval_s=INTERVAL, notice=notes) as tel:
+    with open_telemetry("auto", interval_s=INTERVAL) as tel:
         assert tel.source == "tegrastats"
     assert notes == ["telemetry: jtop unavailable (JtopException: The jtop.service is not active. "
                      "Please run:), using tegrastats"]
 
 
-def test_jtop_present_samples_through_the_adapter(monkeypatch):
+def test_jtop_present_samples_through_the_adapter(monkeypatch, notes):
     power = {"rail": {}, "tot": {"power": 6000, "name": "VDD_IN"}}
     fake = fake_jtop_module(stats={"Temp gpu": 50.0, "GPU": 80}, power=power)
     monkeypatch.setitem(sys.modules, "jtop", fake)
-    notes = Notices()
-    with open_telemetry("auto", interval_s=INTERVAL, notice=notes) as tel:
+    with open_telemetry("auto", interval_s=INTERVAL) as tel:
         assert wait_for(lambda: len(tel.samples) >= 3)
     assert tel.source == "jtop" and notes == []
     s = tel.summary()
@@ -273,20 +273,18 @@ def test_jtop_present_samples_through_the_adapter(monkeypatch):
     assert s["mean_gpu_util"] == pytest.approx(0.8) and s["power_rail"] == "VDD_IN"
 
 
-def test_tegrastats_missing_falls_back(monkeypatch, tmp_path):
+def test_tegrastats_missing_falls_back(monkeypatch, tmp_path, notes):
     empty_path(monkeypatch, tmp_path)
-    notes = Notices()
-    with open_telemetry("tegrastats", interval_s=INTERVAL, notice=notes) as tel:
+    with open_telemetry("tegrastats", interval_s=INTERVAL) as tel:
         pass
     assert tel.source == "none" and len(notes) == 1
     assert "tegrastats unavailable (FileNotFoundError: tegrastats not found on PATH)" in notes[0]
 
 
-def test_fake_tegrastats_samples_and_summary(monkeypatch, tmp_path):
+def test_fake_tegrastats_samples_and_summary(monkeypatch, tmp_path, notes):
     line = lines("orin_nano_jp6.txt")[0].replace("5263mW/5263mW", "5000mW/5000mW")
     argv = fake_tegrastats(monkeypatch, tmp_path, [line])
-    notes = Notices()
-    with open_telemetry("tegrastats", interval_s=INTERVAL, notice=notes) as tel:
+    with open_telemetry("tegrastats", interval_s=INTERVAL) as tel:
         time.sleep(0.05)
         t_a = tel.mark("denoise")
         time.sleep(0.15)
@@ -303,40 +301,36 @@ def test_fake_tegrastats_samples_and_summary(monkeypatch, tmp_path):
     assert tel.summary()["duration_s"] > t_b - t_a                # default: start() to stop()
 
 
-def test_tegrastats_exiting_mid_run_degrades_once(monkeypatch, tmp_path):
+def test_tegrastats_exiting_mid_run_degrades_once(monkeypatch, tmp_path, notes):
     block_import(monkeypatch, "pynvml")
     fake_tegrastats(monkeypatch, tmp_path, lines("agx_orin.txt"), count=4, rc=3)
-    notes = Notices()
-    with open_telemetry("tegrastats", interval_s=INTERVAL, notice=notes) as tel:
+    with open_telemetry("tegrastats", interval_s=INTERVAL) as tel:
         assert wait_for(lambda: tel.source == "none")
     assert len(notes) == 1 and notes[0] == ("telemetry: tegrastats failed "
                                             "(RuntimeError: exited with code 3), using none")
     assert tel.samples and tel.samples[0].power_rail == "sum"
 
 
-def test_tegrastats_unparseable_output_falls_back_at_open(monkeypatch, tmp_path):
+def test_tegrastats_unparseable_output_falls_back_at_open(monkeypatch, tmp_path, notes):
     fake_tegrastats(monkeypatch, tmp_path, ["Error: Permission denied"])
-    notes = Notices()
-    tel = open_telemetry("tegrastats", interval_s=INTERVAL, notice=notes)
+    tel = open_telemetry("tegrastats", interval_s=INTERVAL)
     tel.stop()
     assert tel.source == "none" and len(notes) == 1
     assert "tegrastats unavailable (ValueError: cannot parse 'Error: Permission denied')" in notes[0]
 
 
-def test_isolated_bad_lines_are_skipped(monkeypatch, tmp_path):
+def test_isolated_bad_lines_are_skipped(monkeypatch, tmp_path, notes):
     good = lines("orin_nano_jp5.txt")[0]
     fake_tegrastats(monkeypatch, tmp_path, [good, "garbled ###", good])
-    notes = Notices()
-    with open_telemetry("tegrastats", interval_s=INTERVAL, notice=notes) as tel:
+    with open_telemetry("tegrastats", interval_s=INTERVAL) as tel:
         assert wait_for(lambda: len(tel.samples) >= 4)
     assert notes == [] and tel.source == "tegrastats"
     assert all(s.power_w == pytest.approx(4.872) for s in tel.samples)
 
 
-def test_nvml_absent_falls_back(monkeypatch):
+def test_nvml_absent_falls_back(monkeypatch, notes):
     block_import(monkeypatch, "pynvml")
-    notes = Notices()
-    with open_telemetry("nvml", interval_s=INTERVAL, notice=notes) as tel:
+    with open_telemetry("nvml", interval_s=INTERVAL) as tel:
         pass
     assert tel.source == "none" and len(notes) == 1
     assert notes[0].startswith("telemetry: nvml unavailable (ModuleNotFoundError")
@@ -370,10 +364,9 @@ def fake_pynvml(init_error=False, instant=True):
     return nv
 
 
-def test_nvml_init_error_falls_back(monkeypatch):
+def test_nvml_init_error_falls_back(monkeypatch, notes):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=True))
-    notes = Notices()
-    tel = open_telemetry("nvml", interval_s=INTERVAL, notice=notes)
+    tel = open_telemetry("nvml", interval_s=INTERVAL)
     tel.stop()
     assert tel.source == "none"
     assert notes == ["telemetry: nvml unavailable (NVMLError: Driver Not Loaded), using none"]
@@ -382,7 +375,7 @@ def test_nvml_init_error_falls_back(monkeypatch):
 @pytest.mark.parametrize("instant, watts", [(True, 300.0), (False, 250.0)])
 def test_nvml_samples_and_prefers_energy_counter(monkeypatch, instant, watts):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(instant=instant))
-    with open_telemetry("nvml", interval_s=INTERVAL, notice=Notices()) as tel:
+    with open_telemetry("nvml", interval_s=INTERVAL) as tel:
         time.sleep(0.05)
         t_a = tel.mark("a")
         time.sleep(0.1)
@@ -399,9 +392,8 @@ def test_nvml_samples_and_prefers_energy_counter(monkeypatch, instant, watts):
     assert s["peak_power_w"] == watts
 
 
-def test_kind_none_gives_an_empty_valid_summary():
-    notes = Notices()
-    with open_telemetry("none", interval_s=INTERVAL, notice=notes) as tel:
+def test_kind_none_gives_an_empty_valid_summary(notes):
+    with open_telemetry("none", interval_s=INTERVAL) as tel:
         tel.mark("x")
     s = tel.summary()
     assert notes == [] and tel.source == "none" and tel.samples == []
@@ -420,7 +412,7 @@ def test_bad_arguments_raise_with_the_choices():
 def test_restart_after_stop_reopens_the_source(monkeypatch):
     power = {"rail": {}, "tot": {"power": 4000, "name": "VDD_IN"}}
     monkeypatch.setitem(sys.modules, "jtop", fake_jtop_module(stats={}, power=power))
-    tel = open_telemetry("jtop", interval_s=INTERVAL, notice=Notices())
+    tel = open_telemetry("jtop", interval_s=INTERVAL)
     with tel:
         assert wait_for(lambda: len(tel.samples) >= 2)
     first = len(tel.samples)

@@ -347,20 +347,18 @@ def test_tile_variant_rounds_launch_the_kind_they_test(kind):
 
 
 
-def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_path, monkeypatch):
-    """The tile files are named after the GPU: one that has none (the H200 until session 21, every
-    Jetson until tune_tiles runs there) silently ran the built-in tiles. With the CLI's notice hook
-    set, the executor now says so, with the command that measures them; with a file, nothing."""
-    from jetson_unet.build import loader
+def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_path, monkeypatch, notes):
+    """The tile files are named after the GPU: one that has none (every Jetson until jetson-tune runs
+    there) runs the built-in tiles, and the executor says so, with the command that measures them;
+    with a file, nothing."""
     from jetson_unet.ops.tuning import file_name
 
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path))
-    said = []
-    monkeypatch.setattr(loader, "_notice", said.append)
+    said = notes
     ex = GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8))
     assert ex.tiles_from is None
     assert said == ["no measured tiles for fake (8 SMs), fp16, batch 2: built-in tiles; "
-                    "`python3 tools/tune_tiles.py --precision fp16 --batch 2` measures them once (a few minutes)"]
+                    "`jetson-tune --precision fp16 --batch 2` measures them once (a few minutes)"]
     shipped = json.loads((SHIPPED / "tiles-nvidia-h200-132sm-fp16-b1.json").read_text())
     shipped.update(device="fake", sms=8, batch=2)
     (tmp_path / file_name("fake", 8, "fp16", 2)).write_text(json.dumps(shipped))

@@ -69,7 +69,7 @@ class CupyBackend:
             raise BackendUnavailable(f"CuPy is not usable ({type(e).__name__}: {e}); "
                                      "install the extra that matches your CUDA, e.g. .[cuda12]") from None
         try:   # is_available() raises on CuPy 13.6 instead of returning False
-            count = cupy.cuda.jetson_unet.getDeviceCount()
+            count = cupy.cuda.runtime.getDeviceCount()
         except Exception as e:
             raise BackendUnavailable(f"no usable CUDA GPU ({type(e).__name__}: {e})") from None
         if count < 1:

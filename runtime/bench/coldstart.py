@@ -31,6 +31,8 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
 
+from jetson_unet import logs  # noqa: E402
+
 PROG = "python -m jetson_unet.bench.coldstart"
 PHASES = ("import_s", "weights_s", "load_s", "first_step_s", "image_s", "total_s", "ready_s")
 BACKEND_MODULES = {"cupy": ("cupy", "cupyx"), "pycuda": ("pycuda.driver", "pycuda.compiler")}
@@ -94,7 +96,7 @@ def measure(args: Any, notes: List[str]) -> Dict[str, Any]:
     from jetson_unet.build.loader import compile_notice
     prefix = compile_notice(0).split(" for ")[0]   # "compiling GPU kernels"
     rec.update(compiles=None if backend == "pycuda" else sum(m.startswith(prefix) for m in notes),
-               kernel_notices=notes, backend=backend, precision=precision,
+               kernel_notices=list(notes), backend=backend, precision=precision,
                mode=None if backend == "numpy" else mode, batch=args.batch, sampler=args.sampler,
                steps=len(first))
     return rec
@@ -103,13 +105,8 @@ def measure(args: Any, notes: List[str]) -> Dict[str, Any]:
 def child_main(argv: Optional[Sequence[str]]) -> int:
     args = build_parser().parse_args(argv)
     import_backend(args.backend)
-    from jetson_unet.build.loader import set_compile_notice
-    notes: List[str] = []
-    prev = set_compile_notice(notes.append)
-    try:
+    with logs.captured() as notes:   # the kernel loader's notices, counted in `compiles`
         rec = measure(args, notes)
-    finally:
-        set_compile_notice(prev)
     print(json.dumps(rec), flush=True)
     return 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import platform
 import shutil
@@ -22,6 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from jetson_unet import __version__
 from jetson_unet.errors import UsageError
 from jetson_unet.files import atomic_open
+
+log = logging.getLogger(__name__)
 
 SCHEMA = "jetson-bench/1"
 RUN_FIELDS = ("wall_s", "s_per_image", "images_per_s", "gpu_ms_per_step", "gpu_kernel_ms_per_step",
@@ -237,8 +240,8 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
     _atomic_write(path, write)
 
 
-def write_outputs(doc: Dict[str, Any], out: Path, notice: Callable[[str], None]) -> List[Path]:
-    plots = write_plots(doc, out, notice)
+def write_outputs(doc: Dict[str, Any], out: Path) -> List[Path]:
+    plots = write_plots(doc, out)
     doc["plots"] = [p.name for p in plots]
     js, cs = out / "bench.json", out / "bench.csv"
     _atomic_write(js, lambda f: json.dump(doc, f, indent=1, default=str))
@@ -262,21 +265,21 @@ def load_result(path: str) -> Dict[str, Any]:
 
 # ---- plots (the `plot` extra) ------------------------------------------------------------------------
 
-def write_plots(doc: Dict[str, Any], out: Path, notice: Callable[[str], None]) -> List[Path]:
+def write_plots(doc: Dict[str, Any], out: Path) -> List[Path]:
     """power.png (power over time, phases shaded) and latency.png (GPU / CPU / other per image)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        notice("plots skipped: matplotlib is not installed (pip install '.[plot]')")
+        log.warning("plots skipped: matplotlib is not installed (pip install '.[plot]')")
         return []
     files = []
     samples = [s for s in doc["telemetry"]["samples"] if s.get("power_w") is not None]
     if samples:
         files.append(_plot_power(plt, doc, samples, out / "power.png"))
     else:
-        notice(f"power plot skipped: telemetry ({doc['telemetry']['source']}) recorded no power")
+        log.warning("power plot skipped: telemetry (%s) recorded no power", doc["telemetry"]["source"])
     files.append(_plot_latency(plt, doc, out / "latency.png"))
     return files
 

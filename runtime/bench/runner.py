@@ -17,6 +17,7 @@ latency.png when matplotlib is importable. Method and fields: docs/bench.md.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import subprocess
@@ -25,11 +26,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from jetson_unet.bench import report
-from jetson_unet.bench import coldstart
-from jetson_unet.cli import _Parser, _run
+from jetson_unet import logs
+from jetson_unet.bench import coldstart, report
+from jetson_unet.cli import _Parser, _run, add_verbosity, set_verbosity
 from jetson_unet.errors import BackendUnavailable, UsageError
 from jetson_unet.pipeline import BACKEND_CHOICES, NUMPY_PRECISIONS, PRECISIONS, default_weights_path
 from jetson_unet.model.reference import Reference
@@ -39,7 +40,7 @@ from jetson_unet.trace import Timeline
 
 PROG = "jetson-bench"
 GPU_MODES = ("gpu", "cpu")
-Notice = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(precision, mode, sampler, steps), or not at all")
     p.add_argument("--cold-timeout", type=float, default=1800.0, help="limit per cold-start process (and --prepare), s")
     p.add_argument("--out", default="bench-out", help="output folder (created; its parent must exist)")
+    add_verbosity(p)
     return p
 
 
@@ -134,7 +136,7 @@ def _unique(values: Sequence[Any]) -> List[Any]:
     return list(dict.fromkeys(values))
 
 
-def resolve_backend(name: str, notice: Notice) -> Tuple[str, Any]:
+def resolve_backend(name: str) -> Tuple[str, Any]:
     """(GPU backend name, its backend) or ("numpy", None); auto tries CuPy, else numpy with a notice."""
     if name == "numpy":
         return "numpy", None
@@ -146,7 +148,7 @@ def resolve_backend(name: str, notice: Notice) -> Tuple[str, Any]:
     except (BackendUnavailable, ImportError) as e:
         if name != "auto":
             raise BackendUnavailable(str(e)) from None
-        notice(f"note: no usable GPU ({e}); using the NumPy reference backend")
+        log.warning("no usable GPU (%s); using the NumPy reference backend", e)
         return "numpy", None
 
 
@@ -356,7 +358,7 @@ def cold_commands(cfg: BenchConfig, args: argparse.Namespace) -> Tuple[List[str]
     return cmd, prepare
 
 
-def cold_start(cfg: BenchConfig, args: argparse.Namespace, notice: Notice) -> Dict[str, Any]:
+def cold_start(cfg: BenchConfig, args: argparse.Namespace) -> Dict[str, Any]:
     """Fresh processes to their first step and image, each with caches of its own: on a GPU `cold`
     (empty kernel caches), `warm` (the caches cold filled) and, on CuPy, `aot` (fresh caches filled
     first by `jetson-sample --prepare`); on numpy `cold` only (there is no kernel cache). A failed
@@ -376,7 +378,7 @@ def cold_start(cfg: BenchConfig, args: argparse.Namespace, notice: Notice) -> Di
         shutil.rmtree(tmp, ignore_errors=True)
     for k in report.COLD_RUNS:
         if k in rec and rec[k]["error"]:
-            notice(f"cold start ({k}) of {cfg.label} failed: {rec[k]['error']}")
+            log.warning("cold start (%s) of %s failed: %s", k, cfg.label, rec[k]["error"])
     return rec
 
 
@@ -386,8 +388,8 @@ def cold_key(cfg: BenchConfig) -> Tuple[Any, ...]:
 
 # ---- the run ------------------------------------------------------------------------------------------
 
-def run_grid(grid: List[BenchConfig], weights: Any, gpu: Any, args: argparse.Namespace, tel: Any,
-             notice: Notice) -> Tuple[List[dict], List[dict]]:
+def run_grid(grid: List[BenchConfig], weights: Any, gpu: Any, args: argparse.Namespace, tel: Any
+             ) -> Tuple[List[dict], List[dict]]:
     """Every configuration, then the cold starts (--cold), each shared by the batch sizes."""
     configs, colds = [], {}   # type: List[dict], Dict[Tuple[Any, ...], dict]
     stream = gpu.stream() if gpu is not None else None   # one compute stream for all, as a Pipeline keeps
@@ -403,7 +405,7 @@ def run_grid(grid: List[BenchConfig], weights: Any, gpu: Any, args: argparse.Nam
         c = colds.get(cold_key(cfg))
         if c is None:
             a = tel.mark(f"{cfg.label} | cold start")
-            c = colds[cold_key(cfg)] = dict(label=cfg.label, **cold_start(cfg, args, notice))
+            c = colds[cold_key(cfg)] = dict(label=cfg.label, **cold_start(cfg, args))
             c["window"] = [a, tel.mark(f"{cfg.label} | cold start end")]
         rec.update(report.cold_fields(c))
     return configs, list(colds.values())
@@ -411,27 +413,24 @@ def run_grid(grid: List[BenchConfig], weights: Any, gpu: Any, args: argparse.Nam
 
 def bench_main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
+    set_verbosity(args)
     out = check_args(args)
     from jetson_unet.model.weights import load_weights
     weights = load_weights(args.weights)
-    notices: List[str] = []
-
-    def notice(msg: str) -> None:
-        notices.append(msg)
-        print(msg, file=sys.stderr, flush=True)
-
-    backend, gpu = resolve_backend(args.backend, notice)
-    grid = build_grid(args, backend, weights.config.schedule)
-    out.mkdir(exist_ok=True)
-    tel = open_telemetry(args.telemetry, args.interval, notice)
-    origin = time.perf_counter()
-    tel.start()
-    try:
-        configs, colds = run_grid(grid, weights, gpu, args, tel, notice)
-    finally:
-        tel.stop()
-    doc = report.assemble(args, weights, gpu, tel, origin, configs, colds, notices)
-    for path in report.write_outputs(doc, out, notice):
+    with logs.captured(level=logging.WARNING) as notices:
+        backend, gpu = resolve_backend(args.backend)
+        grid = build_grid(args, backend, weights.config.schedule)
+        out.mkdir(exist_ok=True)
+        tel = open_telemetry(args.telemetry, args.interval)
+        origin = time.perf_counter()
+        tel.start()
+        try:
+            configs, colds = run_grid(grid, weights, gpu, args, tel)
+        finally:
+            tel.stop()
+        doc = report.assemble(args, weights, gpu, tel, origin, configs, colds, notices)
+        paths = report.write_outputs(doc, out)
+    for path in paths:
         print(f"wrote {path}", file=sys.stderr)
     report.print_table(doc)
     return 0

@@ -11,27 +11,24 @@
 degrades to "none", so a comparison between sources never silently measures another one.
 Every failure (module missing, jtop.service down, binary missing, unparseable output, NVML
 init error), at open or later while sampling, moves on to the next source and says so in ONE
-line through `notice`. Sampling runs in a daemon thread from open to stop(); the caller's
+line to the `jetson_unet` logger. Sampling runs in a daemon thread from open to stop(); the caller's
 thread only takes a lock to append a mark, so the measured run is not slowed.
 """
 from __future__ import annotations
 
 import bisect
+import logging
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from jetson_unet.bench.telemetry_parse import (Sample, _num, _scaled, parse_tegrastats_line,  # noqa: F401 (re-exported)
                                              sample_from_jtop, sample_from_tegrastats)
 
+log = logging.getLogger(__name__)
 KINDS = ("auto", "jtop", "tegrastats", "nvml", "none")
 AUTO_ORDER = ("jtop", "tegrastats", "nvml", "none")
 _BAD_LINES_IN_A_ROW = 3     # one garbled line is noise; three in a row is a format we cannot read
-
-
-def print_to_stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- sources
@@ -284,9 +281,8 @@ class TelemetrySampler:
     start() and stop() plus the one reading just before start(), so the window's first
     edge is interpolated rather than held. Use open_telemetry() to build one."""
 
-    def __init__(self, order=("none",), interval_s: float = 0.1, notice=print_to_stderr,
-                 device: int = 0):
-        self.interval_s, self._order, self._notice, self._device = interval_s, tuple(order), notice, device
+    def __init__(self, order=("none",), interval_s: float = 0.1, device: int = 0):
+        self.interval_s, self._order, self._device = interval_s, tuple(order), device
         self._lock = threading.Lock()
         self._samples, self._marks, self._idle = [], [], None
         self._recording, self._t_start, self._t_stop = False, None, None
@@ -334,11 +330,7 @@ class TelemetrySampler:
                 return
 
     def _say(self, msg: str) -> None:
-        try:
-            if self._notice is not None:
-                self._notice(msg)
-        except Exception:   # a broken notice callback must not take telemetry down
-            pass
+        log.warning(msg)
 
     def _emit(self, sample: Sample) -> None:
         with self._lock:
@@ -417,13 +409,13 @@ class TelemetrySampler:
         return summarize(samples, a, b, self.source)
 
 
-def open_telemetry(kind: str = "auto", interval_s: float = 0.1, notice=print_to_stderr,
+def open_telemetry(kind: str = "auto", interval_s: float = 0.1,
                    device: int = 0) -> TelemetrySampler:
     """The sampler for `kind` (see KINDS); `device` is the NVML index. Raises ValueError only
-    for a bad argument: an unavailable source degrades with one notice instead."""
+    for a bad argument: an unavailable source degrades with one logged warning instead."""
     if kind not in KINDS:
         raise ValueError("telemetry kind %r: choose one of %s" % (kind, ", ".join(KINDS)))
     if not interval_s > 0:
         raise ValueError("interval_s must be > 0, got %r" % (interval_s,))
     order = AUTO_ORDER if kind == "auto" else ((kind,) if kind == "none" else (kind, "none"))
-    return TelemetrySampler(order, interval_s, notice, device)
+    return TelemetrySampler(order, interval_s, device)

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.files import atomic_open
 
@@ -40,7 +41,7 @@ CACHE_VERSION = "v1"
 FORMAT = "jetson-unet-cubin/1"
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
-Notice = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -124,9 +125,8 @@ class Entry:
 
 
 class CubinCache:
-    def __init__(self, root: Optional[Path] = None, notice: Optional[Notice] = None) -> None:
+    def __init__(self, root: Optional[Path] = None) -> None:
         self.root = Path(root) if root is not None else cache_dir()
-        self.notice = notice
 
     def path_for(self, name: str, source_sha: str, options: Sequence[str], arch: int, toolchain: str) -> Path:
         return self.root / f"{name}-sm{int(arch)}-{cache_key(source_sha, options, arch, toolchain)}.cubin"
@@ -170,8 +170,7 @@ class CubinCache:
                 pass
             except OSError:
                 pass   # a read-only cache: the entry stays, but is still never loaded
-        if self.notice is not None:
-            self.notice(f"note: discarded cached kernels {cubin.name}: {why}; rebuilding")
+        log.warning("discarded cached kernels %s: %s; rebuilding", cubin.name, why)
 
     def store(self, cubin: bytes, source: str, options: Sequence[str], arch: int, toolchain: str,
               symbols: Sequence[str] = (), name: str = "seed-unet") -> Path:

@@ -6,29 +6,17 @@ stores the cubin and loads it.
 """
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from jetson_unet.build.sources import MIN_TC_ARCH, module_source, nvrtc_options
 from jetson_unet.errors import KernelCompileError
 from jetson_unet.build.cache import CubinCache
 
 
-_notice: Optional[Callable[[str], None]] = None   # set by the CLI: one line on stderr
-
-
-def set_compile_notice(fn: Optional[Callable[[str], None]]) -> Optional[Callable[[str], None]]:
-    """Where `load_module` says that it compiles or discards a cached cubin; returns the previous."""
-    global _notice
-    prev, _notice = _notice, fn
-    return prev
-
-
-def notice(msg: str) -> None:
-    """One line through the CLI's hook (set_compile_notice); nothing without one: the API stays quiet."""
-    if _notice is not None:
-        _notice(msg)
+log = logging.getLogger(__name__)
 
 
 def compile_notice(arch: int) -> str:
@@ -42,14 +30,14 @@ def load_module(backend: Any, source: str, name: str, options: Tuple[str, ...], 
     else NVRTC now -> cache -> load. A cubin the driver refuses is discarded and rebuilt."""
     if not hasattr(backend, "load_cubin"):
         return backend.compile(source, f"{name}.cu", options, symbols)
-    cache = cache if cache is not None else CubinCache(notice=_notice)
+    cache = cache if cache is not None else CubinCache()
     toolchain = backend.toolchain()
     for entry in cache.find(source, options, arch, toolchain, symbols, name):
         try:
             return backend.load_cubin(entry.cubin, symbols)
         except KernelCompileError as e:
             cache.discard(entry.cubin, f"the driver refused it ({(e.log or str(e)).strip().splitlines()[0]})")
-    notice(compile_notice(arch))
+    log.info(compile_notice(arch))
     cubin = backend.compile_cubin(source, f"{name}.cu", options, arch) if toolchain else None
     if cubin is None:   # this CuPy cannot hand out a cubin: its own compile path (and disk cache)
         return backend.compile(source, f"{name}.cu", options, symbols)

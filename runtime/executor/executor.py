@@ -14,6 +14,7 @@ producer and its normalized consumer, and the per-sample timestep indices `t_idx
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -26,12 +27,13 @@ from jetson_unet.model.reference import Reference
 from jetson_unet.executor import launch_ex
 from jetson_unet.executor import memory
 from jetson_unet.backends import get_backend
-from jetson_unet.build.loader import KernelSet, notice
+from jetson_unet.build.loader import KernelSet
 from jetson_unet.ops.common import ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, from_device, storage_dtype, to_device
 from jetson_unet.ops.conv_pipe import PIPE_SCRATCH
 from jetson_unet.ops.specs import all_tile_keys, op_spec
 from jetson_unet.ops.tuning import builtin_tiles_notice, find_tiles
 
+log = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "fp16", "bf16")
 ALIGN = memory.ALIGN
 _T_MARK = object()   # stands for the t_idx pointer in argument tuples until launch
@@ -175,7 +177,7 @@ class GpuExecutor:
             self.tiles_from: Optional[str] = str(found[0]) if found else None
             tiles = found[1] if found else {}
             if not found:
-                notice(builtin_tiles_notice(device, sms, precision, self.batch))
+                log.info(builtin_tiles_notice(device, sms, precision, self.batch))
         else:
             self.tiles_from = "given" if tiles else None   # {}: the built-in tiles
         ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=dict(tiles))

@@ -211,7 +211,7 @@ def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> s
     """What the CLI says when find_tiles found nothing for this GPU: it runs the built-in tiles (on the
     H200 in session 22 a call was 2.5% / 1.5% slower at batch 1 / 16 with them, docs/perf-notes.md)."""
     return (f"no measured tiles for {device} ({sms} SMs), {precision}, batch {batch}: built-in tiles; "
-            f"`python3 tools/tune_tiles.py --precision {precision} --batch {batch}` measures them once "
+            f"`jetson-tune --precision {precision} --batch {batch}` measures them once "
             "(a few minutes)")
 
 

@@ -25,6 +25,7 @@ Streams: on an H100 a process in which a few plain (non-graph) kernel launches w
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -32,13 +33,14 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from jetson_unet.errors import NoiseUnsupported, RuntimeErrorBase, UsageError, stderr_notice
+from jetson_unet.errors import NoiseUnsupported, RuntimeErrorBase, UsageError
 from jetson_unet.model.schedule import NoiseStream, Step, p_sample
 from jetson_unet.trace import Timeline
 from jetson_unet.executor import memory
 from jetson_unet.executor.executor import GpuExecutor, StepTables, backend_integrated, device_sm_count
 from jetson_unet.ops.noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise, draw_rows
 
+log = logging.getLogger(__name__)
 MODES = ("gpu", "cpu")
 NOISE_CHUNK = 8            # steps of noise per upload in gpu mode; device noise: rows drawn ahead
 Callback = Callable[[int, int], None]
@@ -70,7 +72,7 @@ class GpuSampler:
     """Owns the executors (one, or two half-batch ones in cpu ping-pong) and their streams."""
 
     def __init__(self, weights: Any, precision: str, batch: int, mode: str = "gpu", graphs: bool = True,
-                 backend: Any = None, noise: str = "host", notice: Callable[[str], None] = stderr_notice,
+                 backend: Any = None, noise: str = "host",
                  stream: Any = None) -> None:
         if mode not in MODES:
             raise UsageError(f"unknown GPU sampling mode {mode!r} (choose from {', '.join(MODES)})")
@@ -103,7 +105,7 @@ class GpuSampler:
         # jetson-bench): plain launches on more than one stream slow a process's later launches
         self.compute = [stream or self.backend.stream()] + [self.backend.stream() for _ in halves[1:]]
         self.copy = self.backend.stream()
-        self.noise, self.notice = noise, notice
+        self.noise = noise
         self.side = None   # device noise draws: beside the steps as graphs, else between them
         if noise == "device":   # (H100, side vs between, s/image: b1 0.0414 / 0.0420, b16 0.00684 / 0.00768)
             self.side = self.backend.stream() if self.graphs else self.compute[0]
@@ -245,11 +247,11 @@ class GpuSampler:
             try:
                 self._dnoise = DeviceNoise(be, n, ex.kernels.module, rows=draw_rows(n, T), graphs=self.graphs)
             except NoiseUnsupported as e:
-                self.notice(f"note: {e}; drawing the noise on the host")
+                log.info("%s; drawing the noise on the host", e)
                 self.noise = "host"
             else:
                 if not self._dnoise.exact:
-                    self.notice("note: this NumPy's log1pf is neither glibc's nor correctly rounded: device noise "
+                    log.warning("this NumPy's log1pf is neither glibc's nor correctly rounded: device noise "
                                 "values beyond |z| = 3.65 (~1e-5 of them) may differ from NumPy's by 1 ulp")
         if self.noise == "host":   # device noise needs them only to redraw a flagged run (_HostFeed)
             self._host_noise = be.pinned((T, n), np.float32)
@@ -314,7 +316,7 @@ class GpuSampler:
             flags = self._dnoise.flags(self.side)
             if flags:   # this seed's stream is not certain past the flagged draw: all of it again, on the host
                 why = "a libm-dependent comparison too close to call" if flags & FLAG_AMBIGUOUS else "a draw ran short"
-                self.notice(f"note: device noise flagged {why}; sampling seed {seed} again with host noise")
+                log.warning("device noise flagged %s; sampling seed %d again with host noise", why, seed)
                 return self._run_gpu(steps, seed, cb, tl, noise="host")
         if cb is not None:
             cb(len(steps) - 1, len(steps))

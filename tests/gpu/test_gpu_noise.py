@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import report
+from jetson_unet import logs
 from jetson_unet.build.loader import KernelSet
 from jetson_unet.ops.noise import FLAG_AMBIGUOUS, DeviceNoise
 from jetson_unet.sampling.gpu import GpuSampler
@@ -151,10 +152,10 @@ def test_flagged_run_is_redrawn_on_the_host(backend, weights, monkeypatch):
     finally:
         host.close()
     monkeypatch.setattr(DeviceNoise, "window_log2", 45)
-    notes = []
-    s = GpuSampler(weights, "fp16", 2, mode="gpu", backend=backend, noise="device", notice=notes.append)
+    s = GpuSampler(weights, "fp16", 2, mode="gpu", backend=backend, noise="device")
     try:
-        got = s.run(steps, seed=9)
+        with logs.captured() as notes:
+            got = s.run(steps, seed=9)
     finally:
         s.close()
     assert len(notes) == 1 and "again with host noise" in notes[0]
