@@ -117,22 +117,6 @@ template <class T> __device__ __forceinline__ void pin(T &v) {
 #endif
 }
 
-// Programmatic dependent launch (sm_90 and later: H100, Jetson Thor; runtime/gpu/launch_ex.py), in
-// modules built with JETSON_UNET_PDL only; elsewhere (sm_72 / sm_87, the default build) it is
-// nothing. Every kernel of a U-Net call waits on it until the previous kernel of the stream has
-// finished and its writes are visible, before it reads or writes anything that a call writes: it
-// opens every kernel but the cp.async conv, whose convs (not gates) first issue their first weight
-// tile (read-only). So reads and writes are ordered exactly as without the launch attribute; what
-// changes is that the kernel's CTAs are placed as the previous kernel's CTAs exit, while its
-// completion is still being processed (the weight tile's latency overlaps that). No kernel signals
-// `griddepcontrol.launch_dependents` earlier than its exit: at kernel start and at the epilogue that
-// was slower (the next kernel's waiting CTAs took the SMs' slots early: docs/perf-notes.md, session 23).
-#if defined(JETSON_UNET_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define GRID_DEPENDENCY() asm volatile("griddepcontrol.wait;" ::: "memory")
-#else
-#define GRID_DEPENDENCY() ((void)0)
-#endif
-
 // ---- shared-memory matrix fragments -------------------------------------------------------------
 // Shared memory addressed as 32-bit .shared-window offsets (`saddr`): kernels convert their arrays'
 // generic pointers once and keep per-lane offsets outside their loops (each generic -> shared
@@ -154,7 +138,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], saddr a) {
 // most one, which one remainder test corrects: exact. ~9 instructions where a signed int division
 // compiles to ~25 and an unsigned one to ~14; a batch-1 conv's set-up (tile coordinates, split
 // ranges, pixel rows, the tap of a k position) is a serial chain of them, ~1/3 of its ~370 set-up
-// instructions (Nsight Compute, docs/perf-notes.md session 7). The host keeps every dividend under
+// instructions (Nsight Compute). The host keeps every dividend under
 // 2^22 (ops.kernel_kind: pixels per sample, K).
 __device__ __forceinline__ int div_small(int a, int d) {
     int q = __float2int_rz(__fdividef((float)a, (float)d));
@@ -206,7 +190,7 @@ struct StatPartial { float n, sum, m2, pad; };
 // 2. otherwise (partial 0 far from the rest) a second pass: M2 = sum (m_i + n_i
 //    (s_i / n_i - mean)^2), non-negative terms about the merged mean, so nothing cancels whatever
 //    the mean/std ratio or the spread of the tile means (Chan et al.). One pass instead of two
-//    took a batch-1 U-Net call ~6 us faster on the H100 (docs/perf-notes.md session 14).
+//    took a batch-1 U-Net call ~6 us faster on the H100.
 // Divisions and the square root are the approximate forms (__fdividef, rsqrtf: within 2 ulp, far
 // inside the tests' 5e-6): an IEEE division's slow path is a subroutine call, and its register saves
 // made ptxas spill at the 128-register cap in half a dozen tiles.
@@ -217,7 +201,7 @@ struct StatPartial { float n, sum, m2, pad; };
 // History: a one-pass merge in double (a DDIV per partial in every thread: the Orin has FP64 at 1/64
 // of FP32), then the same two passes over the whole CTA (per-warp sums, a barrier, every thread
 // summing the warps' sums from smem, twice). The per-warp merge took a batch-1 U-Net call 0.438 ->
-// 0.431 ms and batch 16 1.189 -> 1.170 ms (H100, docs/perf-notes.md session 9).
+// 0.431 ms and batch 16 1.189 -> 1.170 ms (H100).
 struct GnPrefetch {   // a load only: nothing here waits for it
     float4 v;         // partial (lane) if lane < P, else zeros
     __device__ __forceinline__ GnPrefetch(const float4* part, int P) {

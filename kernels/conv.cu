@@ -63,8 +63,8 @@ extern __shared__ __align__(16) float dyn_smem[];
 //     conv(gn(x)) = rstd * sum_k W'[n][k] xp[k]  -  mean * rstd * Q[n]  +  P[n],   Q[n] = sum_k W'[n][k]
 // holds when every padded tap reads xp = pad[c] = mean - r[c] / rstd (r = gn_b / gn_w): the value
 // whose normalization is exactly 0, as the conv's zero padding of gn(x) wants. So the in-bounds A
-// vectors are used as loaded (no pass over them: docs/perf-notes.md session 16 measured that pass
-// at ~20 us per batch-1 call and ~84 us at batch 16), the padded ones are overwritten with the pad
+// vectors are used as loaded (no pass over them: that pass measured
+// ~20 us per batch-1 call and ~84 us at batch 16 on the H100), the padded ones are overwritten with the pad
 // vector, the CTA scales its segment-0 sum by rstd once (scale_acc) and the epilogue adds the
 // column term -mean * rstd * Q[n] with the bias (fcol: BN + 1 floats of static smem, the column
 // term and then rstd, which the k loop reads from there rather than hold a register across it).
@@ -156,7 +156,7 @@ __device__ __forceinline__ bool last_seg0_tile(int kt, int i, int ntiles, int nk
 // published to smem (`ep`, 2 * BN floats) by conv_finish with the time bias (convs), which is
 // loaded only then: the seed model's GEMM convs have none (the blocks' time bias is the depthwise
 // conv's), and a register held across the k loop for it made ptxas spill at the 128-register cap
-// (docs/perf-notes.md session 9). The epilogue then waits on no global load but the residual's.
+//. The epilogue then waits on no global load but the residual's.
 // ON for the tensor-core kernels up to BN 128; off (loads in the epilogue) for the 256-wide gate,
 // whose tiles fill the smem budget, and for FFMA, where ptxas then spilled.
 template <int BN, int NT, bool GATE, bool ENABLE> struct EpiloguePrefetch {
@@ -366,7 +366,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         // every thread's partial before the release, the second the last CTA's reads after the
         // acquire. (A __threadfence in every thread was ~4% of a batch-1 split-K conv's stall samples
         // in Nsight Compute; thread 0's __threadfence + atomicAdd and the last CTA's per-thread fence
-        // cost ~0.3 us per split-K launch more than this at batch 1, docs/perf-notes.md session 7.)
+        // cost ~0.3 us per split-K launch more than this at batch 1.)
         __syncthreads();
         __shared__ int last;
         if (tid == 0) last = atomic_add_acq_rel(&counters[tile], 1) == splits - 1;
@@ -494,7 +494,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         // the only code inlined twice (a lambda with a constant `gelu`), so the GELU is decided once
         // per epilogue, not by a runtime `act` test per pair (a branch per pair, erff being too long
         // to predicate, that ptxas does not schedule across), and its NPAIR independent erff chains
-        // are straight-line code. The second adds the residual, stores and sums. (Session 19 inlined
+        // are straight-line code. The second adds the residual, stores and sums. (Inlining
         // the whole pair loop twice for tiles of <= 8 pairs only: 1 us per batch-1 call, 4-5 us at
         // batch 16; for larger tiles ptxas then spilled 44 bytes in the 128x64x64 halo tile on
         // sm_87. A generic lambda could say `gelu` by type; NVRTC rejects those as host code.)
@@ -521,7 +521,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         // Addresses from the tile's (0, 0) by 32-bit offsets r * ld + c (a sample's view stays under
         // 2^31 elements, as the loaders assume): per pair a constant past its row's offset. The
         // 64-bit (b * M + m) * ld + n of each pair was ~12 instructions per stored pair (Nsight
-        // Compute, docs/perf-notes.md session 24).
+        // Compute).
         const size_t tile0 = (size_t)b * M + m0;
         S *const outt = out + tile0 * ldo + n0;
         const S *const rest = res ? res + tile0 * ldres + n0 : nullptr;
@@ -750,6 +750,5 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
 // generates the list from the plan's distinct shapes (runtime/gpu/kernels.py).
 #define CONV_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE)                      \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN) name(CONV_PARAMS) {           \
-        GRID_DEPENDENCY();                                                                   \
         conv_gemm<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE>(CONV_ARGS);                  \
     }

@@ -9,14 +9,13 @@
 // TH x TW rectangle m0 .. m0 + BM - 1, so conv_finish's row map is unchanged).
 //
 // Why: the im2col kernels fetch and normalize each input vector once per tap (9 times) and spend
-// ~19 instructions per mma on it (docs/perf-notes.md, session 4). Here the CTA loads the
+// ~19 instructions per mma on it. Here the CTA loads the
 // (TH + 2) x (TW + 2) pixel halo of BK channels once (cp.async, zero-filled outside the image),
 // normalizes it once in place, and runs the 9 taps as 9 k-units whose A fragments are the same
 // halo read at a constant pixel shift: each lane's ldmatrix row address is its pixel's, plus
 // (ky * (TW + 2) + kx) pixels. Only the weights (B) stream through the cp.async ring per unit.
-// Measured (docs/perf-notes.md, session 5, H100): the 64x64-level conv1 at batch 16 43 -> 33 us;
-// it wins where the grid fills the GPU, never at batch 1 (latency chains): tools/tune_tiles.py
-// decides per op. Its loop bookkeeping is walked by additions (divisions per unit or per halo
+// Measured on the H100: the 64x64-level conv1 at batch 16 43 -> 33 us; it wins where the grid fills
+// the GPU, never at batch 1 (latency chains): the built-in rules and jetson-tune decide per op. Its loop bookkeeping is walked by additions (divisions per unit or per halo
 // vector cost as many instructions as the mma did, per Nsight Compute's source view).
 //
 // K order: unit u = chunk * 9 + tap (chunk = BK channels), then the residual segment's units, each
@@ -112,7 +111,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         g.load(Cin, j * BK + kvv * VEC);
         // NN vectors per trip, all loaded before any is stored: the compiler keeps a load after the
         // previous store to the same array, so one per trip made a chain of smem round trips (4 per
-        // trip: batch 1 ~3 us faster on the H100, docs/perf-notes.md session 14; no sm_87 spill)
+        // trip: batch 1 ~3 us faster on the H100; no sm_87 spill)
         constexpr int NN = 4;
         char *q = halo_p + buf(j) + kvv * 16 + (tid / KV) * PS;
         for (u32 mask = (j & 1) ? hmask1 : hmask0; mask; mask >>= NN, q += NN * PSTEP * PS) {
@@ -243,6 +242,5 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
 #define CONV_HALO_INSTANCE(name, D, BM, BN, BK, WM, WN, UP, STAGES, FOLD)                         \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, HALO_MIN_CTAS(BM, BN, WM, WN))         \
         name(CONV_PARAMS) {                                                                      \
-        GRID_DEPENDENCY();                                                                       \
         conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES, FOLD>(CONV_ARGS);                      \
     }

@@ -10,8 +10,7 @@
 // k slices, below), dynamic smem when normalized: 8*Cin bytes (table), 2*Cin (folded: FOLD).
 //
 // Why: conv_gemm stages one k-tile in registers, so every k-tile costs one exposed global-memory
-// latency (docs/perf-notes.md: ~60 TFLOP/s at batch 16 on an H200, ~14 us per GEMM conv at batch
-// 1). Here STAGES-1 k-tiles are in flight while the tensor cores work on the oldest:
+// latency (~60 TFLOP/s at batch 16 on an H200, ~14 us per GEMM conv at batch 1). Here STAGES-1 k-tiles are in flight while the tensor cores work on the oldest:
 //   cp.async.cg 16 B global -> smem (zero-fill: src-size 0 for padded taps, rows past M, K
 //   padding), commit_group per k-tile, wait_group STAGES-2, one barrier per k-tile; ldmatrix +
 //   mma.sync m16n8k16 through conv.cu's mma_ktile. sm_80+ only (valid on sm_87); nothing of Hopper.
@@ -132,8 +131,8 @@ template <class S, int BN, int BK, int VEC, int NT> struct BCopies {
 // columns (n fragments s * NF/KS ..) and adds the other slices' partials of them to its own in a
 // fixed order (deterministic). The result is a tile of WM x (WN * KS) warps of WTN / KS columns each,
 // and conv_finish runs it as such: the epilogue's work is spread over all the warps too.
-// Why: at batch 1 a conv is a latency chain (~2200 instructions per warp, 1-2 warps per scheduler,
-// docs/perf-notes.md session 7): half the chain per warp, where split-K over CTAs pays a global
+// Why: at batch 1 a conv is a latency chain (~2200 instructions per warp, 1-2 warps per scheduler):
+// half the chain per warp, where split-K over CTAs pays a global
 // round trip to merge.
 template <int MF, int NF, int KS>
 __device__ __forceinline__ void slice_exchange(const float (&acc)[MF][NF][4], float (&mine)[MF][NF / KS][4],
@@ -171,36 +170,25 @@ __device__ __forceinline__ void slice_exchange(const float (&acc)[MF][NF][4], fl
             }
 }
 
-// Several M tiles per CTA (PERSIST; ops.TileChoice.mt, opt-in through a tuning file): grid.x is
-// ceil(mtiles / mt), and CTA g runs M tiles g, g + gridDim.x, ... of its (n tile, sample) in turn. What
-// depends only on those (the GroupNorm merge and the folded column terms, the epilogue's bias, the
-// weights' copy map) is done once per CTA, and the next tile's first STAGES-1 k-tiles are issued
-// before the current tile's epilogue, so their latency overlaps it. No split-K, k slices or gates
-// (the host checks). Why: the set-up is a latency chain per CTA (session 19's knockouts: the
-// GroupNorm prologue alone 65 us per batch-16 call), and every CTA starts with an empty pipeline.
 // A ring of more than DEEP_RING bytes (ops.PIPE_RING_LIMIT) lives in dynamic smem: after the GroupNorm
 // table (8 * Cin bytes when normalized), at a 128-byte boundary (the swizzle's; the host adds the
 // slack). Why: the bytes a CTA has in flight are bounded by its ring, and the static ring stops at
 // 48 KB of static + dynamic smem; deeper rings (BK 64 on 64x64 tiles, 128x128 tiles) trade CTAs
-// per SM for k-tiles in flight (docs/perf-notes.md, session 28).
+// per SM for k-tiles in flight.
 #define DEEP_RING (40 * 1024)
 template <class S> __device__ __forceinline__ S *dyn_ring(int table_bytes) {
     const size_t p = reinterpret_cast<size_t>(reinterpret_cast<char *>(dyn_smem) + table_bytes);
     return reinterpret_cast<S *>((p + 127) & ~(size_t)127);
 }
 
-template <bool MUTABLE, class X> struct ConstUnless { typedef const X T; };
-template <class X> struct ConstUnless<true, X> { typedef X T; };
-
 template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, int GATE, int STAGES,
-          int KS, bool FOLD, bool PERSIST = false>
+          int KS, bool FOLD>
 __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     typedef typename D::S S;
     typedef SwizzledTile<BK> L;
     static_assert(D::TC && VEC * sizeof(S) == 16, "16-bit types with 16-byte vectors only");
     static_assert(STAGES >= 2, "at least two stages");
     static_assert(KS == 1 || KS == 2 || KS == 4, "k slices");
-    static_assert(!PERSIST || (KS == 1 && !GATE), "several M tiles per CTA: convs without k slices");
     constexpr int NT = 32 * WM * WN * KS;
     // the ring: STAGES A tiles, then STAGES B tiles (one array: the k slices' exchange reuses all of it)
     constexpr int RING = STAGES * (BM + BN) * BK;
@@ -214,14 +202,11 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 
     const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
     const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5;
-#ifdef JETSON_UNET_PDL    // the partials are the previous kernel's output: loaded after the dependency
-    GnPrefetch gp(nullptr, 0);
-#else                     // first: its latency overlaps the set-up (later, ptxas spilled on sm_87)
+    // first: its latency overlaps the set-up (later, ptxas spilled on sm_87)
     const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);
-#endif
     const int M = Hout * Wout, mtiles = (M + BM - 1) / BM;   // split-K as in conv_gemm
-    const int sk = PERSIST ? 0 : div_small(blockIdx.x, mtiles);   // PERSIST: splits == 1
-    int mt = blockIdx.x - sk * mtiles, m0 = mt * BM;
+    const int sk = div_small(blockIdx.x, mtiles);
+    const int mt = blockIdx.x - sk * mtiles, m0 = mt * BM;
     const int n0 = blockIdx.y * BN;
     const bool norm = gn_part != nullptr;
     static_assert(!FOLD || !GATE, "a gate has no GroupNorm");
@@ -232,12 +217,10 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     typedef ARows<BM, BK, VEC, NT> AR;
     constexpr int RPP = AR::RPP, AP = AR::AP;
     typedef ATaps<S, AP, KH, ST, UP> AT;
-    // const unless PERSIST reassigns them per M tile (const, the single-tile kernels compile to the
-    // same code as before PERSIST existed)
-    typename ConstUnless<PERSIST, AR>::T ar(tid, m0, M, Wout);   // kv, r0, ok: of tid only
+    const AR ar(tid, m0, M, Wout);   // kv, r0, ok: of tid only
     const int kv = ar.kv, r0 = ar.r0;
     const bool a_row_ok = ar.ok;
-    typename ConstUnless<PERSIST, AT>::T at(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx);
+    const AT at(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx);
     // The thread's k position walks forward one k-tile per issue (tiles are issued in order kb,
     // kb+1, ...): channel c, tap (ky, kx), its bit and its element offset, updated by additions
     // (one division, here, per kernel instead of one per k-tile).
@@ -311,7 +294,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         if constexpr (FOLD) {
             // a branch, not predicated stores: nearly every k-tile of a thread has no padded vector
             // (the border rows and columns of the image only), and the predicated load and stores
-            // were ~7% of the k loop's instructions (Nsight Compute, docs/perf-notes.md session 24)
+            // were ~7% of the k loop's instructions (Nsight Compute)
             if ((mask & ((2u << (AP - 1)) - 1u)) == ((2u << (AP - 1)) - 1u)) return;
             const Vec<S, VEC> pad = vload<S, VEC>(reinterpret_cast<const S *>(dyn_smem) + chan);
 #pragma unroll
@@ -351,34 +334,20 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     // ---- pipeline. Tile i lives in stage i % STAGES; qmask/qchan hold the masks of the STAGES-1
     // tiles in flight, oldest first (a shift register: constant indices, stays in registers).
     // One commit per slot even when nothing was issued, so wait_group counts stay uniform.
-    // Each tile's weights are issued before its A copies, tile 0's before the grid dependency too
-    // (nothing in a call writes them; kernels/common.cuh GRID_DEPENDENCY), so under PDL their latency
-    // overlaps the previous kernel's completion. H200: a batch-1 call 0.391 -> 0.388 ms without PDL
-    // (docs/perf-notes.md, session 23). Not in the gates: at the 128-register cap sm_87 ptxas spilled
-    // for it in some of their tiles (as for all tiles' weights first, and for tile 0's weights issued
-    // outside the loop). Everything a call writes (the GroupNorm partials, x, the split-K tickets) is
-    // read after the dependency only.
+    // Each tile's weights are issued before its A copies (H200, a batch-1 call: 0.391 -> 0.388 ms). Not
+    // in the gates: at the 128-register cap sm_87 ptxas spilled for it in some of their tiles (as for
+    // all tiles' weights first, and for tile 0's weights issued outside the loop).
     u32 qmask[STAGES - 1];
     int qchan[STAGES - 1];
-    // the first STAGES-1 k-tiles of an M tile into stages 0.. (first: the kernel's, with the dependency)
-    auto issue_first = [&](bool first) {
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            qmask[s] = 0;
-            qchan[s] = -1;
-            if (!GATE && s < ntiles) issue_b(kb + s, s);
-            if (first && s == 0) {
-                GRID_DEPENDENCY();
-#ifdef JETSON_UNET_PDL
-                gp = GnPrefetch(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);
-#endif
-            }
-            if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
-            if (GATE && s < ntiles) issue_b(kb + s, s);
-            cp_async_commit();
-        }
-    };
-    issue_first(true);
+    for (int s = 0; s < STAGES - 1; ++s) {   // the first STAGES-1 k-tiles into stages 0..
+        qmask[s] = 0;
+        qchan[s] = -1;
+        if (!GATE && s < ntiles) issue_b(kb + s, s);
+        if (s < ntiles) issue(kb + s, s, qmask[s], qchan[s]);
+        if (GATE && s < ntiles) issue_b(kb + s, s);
+        cp_async_commit();
+    }
     // the epilogue's operands and the GroupNorm merge overlap the first copies (independent of them)
     EpiloguePrefetch<BN, NT, (GATE != 0), true> pre;
     pre.load(bias, psi_w, n0);
@@ -386,69 +355,41 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 
     // Large conv tiles (the batch-16 ones, >= 64 x 64 outputs over >= 4 warps): the loop unrolled by
     // STAGES (tile i0 + u in stage u), so every stage offset is a constant of the code, not
-    // arithmetic of each k-tile: 10-20% fewer instructions (docs/perf-notes.md session 24). Others:
+    // arithmetic of each k-tile: 10-20% fewer instructions. Others:
     // one tile per trip, the stage counted. Unrolled everywhere, a batch-1 call went 3 us slower
     // (every kernel starts with a cold instruction cache, and three copies of the body cost more
     // there than they save), the 2x1-warp tile (255 registers) got slower, and sm_87 ptxas spilled
-    // 12 bytes in the gate gaten 64x64x32_s4 (session 24). This rule, on the H200: batch 16 -8 us,
-    // batch 1 unchanged (session 25).
+    // 12 bytes in the gate gaten 64x64x32_s4. This rule, on the H200: batch 16 -8 us,
+    // batch 1 unchanged.
     constexpr int U = (GATE || BM * BN < 64 * 64 || WM * WN < 4) ? 1 : STAGES;
-    for (;;) {   // the CTA's M tiles (one unless PERSIST)
-        for (int i0 = 0, st0 = 0; i0 < ntiles; i0 += U) {
+    for (int i0 = 0, st0 = 0; i0 < ntiles; i0 += U) {
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int i = i0 + u, st = U == STAGES ? u : st0;
-                if (i >= ntiles) break;
-                cp_async_wait<STAGES - 2>();   // this thread's copies of tile i have landed
-                normalize(st, qmask[0], qchan[0]);
-                __syncthreads();   // tile i visible to all; every warp is done with tile i-1 (its stage is reused next)
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u, st = U == STAGES ? u : st0;
+            if (i >= ntiles) break;
+            cp_async_wait<STAGES - 2>();   // this thread's copies of tile i have landed
+            normalize(st, qmask[0], qchan[0]);
+            __syncthreads();   // tile i visible to all; every warp is done with tile i-1 (its stage is reused next)
 #pragma unroll
-                for (int s = 0; s + 1 < STAGES - 1; ++s) {
-                    qmask[s] = qmask[s + 1];
-                    qchan[s] = qchan[s + 1];
-                }
-                qmask[STAGES - 2] = 0;
-                qchan[STAGES - 2] = -1;
-                const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
-                if (i + STAGES - 1 < ntiles) {
-                    issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
-                    issue_b(kb + i + STAGES - 1, wst);
-                }
-                cp_async_commit();
-                mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
-                if constexpr (FOLD)
-                    if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[BN]);
-                st0 = st0 + 1 == STAGES ? 0 : st0 + 1;   // (U == STAGES: unused)
+            for (int s = 0; s + 1 < STAGES - 1; ++s) {
+                qmask[s] = qmask[s + 1];
+                qchan[s] = qchan[s + 1];
             }
-        }
-        if constexpr (PERSIST) {
-            const int done = mt;
-            mt += gridDim.x;
-            const bool more = mt < mtiles;
-            __syncthreads();   // every warp is done with the ring: the next tile's copies reuse it
-            auto a_state = [&](int kt) {   // the next tile's A rows and the k position at k-tile kt
-                m0 = mt * BM;
-                ar = AR(tid, m0, M, Wout);
-                at = AT(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx);
-                k_start(kt);
-            };
-            if (more) {   // its first k-tiles, in flight during this tile's epilogue
-                a_state(kb);
-                issue_first(false);
+            qmask[STAGES - 2] = 0;
+            qchan[STAGES - 2] = -1;
+            const int wst = st == 0 ? STAGES - 1 : st - 1;   // the stage of tile i-1 = of tile i+STAGES-1
+            if (i + STAGES - 1 < ntiles) {
+                issue(kb + i + STAGES - 1, wst, qmask[STAGES - 2], qchan[STAGES - 2]);
+                issue_b(kb + i + STAGES - 1, wst);
             }
-            conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, done, sk, red, pre, FOLD ? fcol : nullptr,
-                                                      CONV_ARGS);
-            if (!more) break;
-            // the A state derived again after the epilogue, not held across it (held, at the 168-register
-            // cap: sm_90 ptxas spilled 60 and 152 bytes in two tiles, against 20 and 36 so)
-            a_state(kb + STAGES - 1);
-            zero_acc(acc);
-        } else {
-            break;
+            cp_async_commit();
+            mma_ktile<D, MF, NF>(acc, a_s0 + st * A_STAGE, b_s0 + st * B_STAGE, fo);
+            if constexpr (FOLD)
+                if (last_seg0_tile(kb + i, i, ntiles, nk0)) scale_acc(acc, fcol[BN]);
+            st0 = st0 + 1 == STAGES ? 0 : st0 + 1;   // (U == STAGES: unused)
         }
     }
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
-    if constexpr (PERSIST) return;
 
     if constexpr (KS == 1) {
         conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
@@ -462,18 +403,15 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     }
 }
 
-// One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES> (and _k<KS>,
-// _p for PERSIST).
+// One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES> (and _k<KS>).
 // Tiles with at most 32 accumulators per thread are held to 128 registers (16 warps per SM): left
 // alone, ptxas lands a few registers above, which costs a CTA per SM (measured: the 128x32 tile
 // at 134 registers ran 17% slower than at 128). The up2 kernels' per-tap source arithmetic spills
-// at that cap: 168 registers (12 warps per SM) for them, and for the kernels that run several M tiles
-// (PERSIST), which hold their loop state across the epilogue (at 128, the 128x32 tiles spilled 64-188
-// bytes on sm_87).
-#define PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS, PERSIST) \
-    ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 && !(PERSIST) ? 16 : 12) / ((WM) * (WN) * (KS)) : 1)
-#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD, PERSIST) \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS, PERSIST)) \
-        name(CONV_PARAMS) {                                                                      \
-        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD, PERSIST>(CONV_ARGS); \
+// at that cap: 168 registers (12 warps per SM) for them.
+#define PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS) \
+    ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 ? 16 : 12) / ((WM) * (WN) * (KS)) : 1)
+#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD)           \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS)) \
+        name(CONV_PARAMS) {                                                                                \
+        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_ARGS);         \
     }

@@ -186,7 +186,6 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 #define DW_MIN_CTAS(D, VEC, CP) ((CP) == 1 ? 0 : sizeof(D::S) == 2 && (VEC) == 8 ? 4 : 3)
 #define DW_INSTANCE(name, D, K, VEC, TW, CP)                                                      \
     extern "C" __global__ void __launch_bounds__(256, DW_MIN_CTAS(D, VEC, CP)) name(DW_PARAMS) { \
-        GRID_DEPENDENCY();                                                                        \
         dwconv<D, K, VEC, TW, CP>(DW_ARGS);                                                       \
     }
 
@@ -208,7 +207,7 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 // values; each group of 8 planes GPAD 16-bit words after the last), from pairs of pixels (two
 // 16-byte loads of one channel vector, eight 4-byte stores). A warp's loads take CV consecutive
 // vectors (all of the tile's channels) of 32 / CV pixel pairs: whole sectors, 32 / CV lines a load,
-// where one vector per lane took 32 lines and 2-4x the L1 requests (Nsight Compute, session 21: the
+// where one vector per lane took 32 lines and 2-4x the L1 requests (Nsight Compute: the
 // kernel waited on these loads, not on its mma). Its stores then write words q .. q + 32 / CV - 1 of
 // CV planes 8 apart, which GPAD (32 / CV 4-byte words a group) spreads over all 32 banks. The B
 // fragments of a warp's channel q are loaded as its mma start (K register pairs live, not CPW K:
@@ -361,6 +360,5 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
 
 #define DW_TC_INSTANCE(name, D, K, CPW)                                                           \
     extern "C" __global__ void __launch_bounds__(256, (CPW) == 2 ? 4 : 3) name(DW_PARAMS) {         \
-        GRID_DEPENDENCY();                                                                        \
         dwconv_tc<D, K, CPW>(DW_ARGS);                                                            \
     }

@@ -23,7 +23,7 @@
 //   the host). Launch: grid (tiles + 1, 1, B) with tiles = ceil(H / 4) * ceil(W / 16), block 128,
 //   dynamic smem 8 * (4 + K - 1) * (16 + K - 1) + 8 * steps * CoutP / 8 * 32 bytes. Taller tiles (2
 //   or 4 rows per warp: a CTA's weight staging serving 2-4x the pixels) were slower on the H100 at
-//   batch 1 and 16 alike (docs/perf-notes.md, session 11). The FFMA kernel above stays the fp32
+//   batch 1 and 16 alike. The FFMA kernel above stays the fp32
 //   path (and the path for wider images): it issues ~13x the instructions per output (147 FFMA per
 //   pixel and channel).
 // final_conv: eps = conv_1x1(x) + bias, x in the activation dtype (pixel stride ldx), eps fp32 with
@@ -45,7 +45,7 @@
 //   final_conv reads. The device reads its step from device memory, so one captured CUDA graph (the
 //   U-Net) serves every step of a run: replaying it advances the loop. Inside init_conv its latency
 //   chain (counter, then the tables) runs beside the conv's own: as a separate kernel on a graph
-//   branch it cost ~5 us per step at batch 1 and 16 (H100, docs/perf-notes.md session 17).
+//   branch it cost ~5 us per step at batch 1 and 16 (H100).
 // Reference: runtime.reference.conv2d; the step, runtime.schedule.p_sample.
 #include "common.cuh"
 
@@ -319,8 +319,8 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
 }
 
 #define INIT_INSTANCE(name, D, K, CIN, TW)                                                   \
-    extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { GRID_DEPENDENCY(); init_conv<D, K, CIN, TW>(INIT_ARGS); }
+    extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K, CIN, TW>(INIT_ARGS); }
 #define INIT_TC_INSTANCE(name, D, K, CIN)                                                    \
-    extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { GRID_DEPENDENCY(); init_conv_tc<D, K, CIN>(INIT_ARGS); }
+    extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { init_conv_tc<D, K, CIN>(INIT_ARGS); }
 #define FINAL_INSTANCE(name, D, VEC)                                                         \
-    extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { GRID_DEPENDENCY(); final_conv<D, VEC>(FINAL_ARGS); }
+    extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { final_conv<D, VEC>(FINAL_ARGS); }

@@ -6,4 +6,15 @@ command-line tools are `jetson-sample`, `jetson-weights`, `jetson-bench` and `je
 """
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["Pipeline", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """`jetson_unet.Pipeline`, imported on first use (the CLIs and tools import less)."""
+    if name == "Pipeline":
+        from jetson_unet.pipeline import Pipeline
+        return Pipeline
+    raise AttributeError(f"module 'jetson_unet' has no attribute {name!r}")

@@ -78,10 +78,6 @@ class KernelCompileError(RuntimeErrorBase):
         super().__init__(f"compiling {source} failed (options {options}):\n{log}")
 
 
-class LaunchError(RuntimeErrorBase):
-    """The driver refused a kernel launch (jetson_unet.executor.launch_ex): the kernel, its shape, the CUresult."""
-
-
 class ArenaError(RuntimeErrorBase):
     """The activation arena cannot be planned or does not fit."""
 

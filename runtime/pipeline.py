@@ -20,6 +20,7 @@ import numpy as np
 
 from jetson_unet.errors import BackendUnavailable, UsageError
 from jetson_unet.ops.noise import NOISE_SOURCES
+from jetson_unet.ops.policy import KernelPolicy
 from jetson_unet.model.schedule import make_steps, sample_loop, to_uint8
 from jetson_unet.model.weights import Weights, load_weights
 
@@ -47,7 +48,12 @@ def default_weights_path() -> Path:
 class Pipeline:
     def __init__(self, weights: Union[str, Path, Weights, None] = None, backend: str = "auto",
                  precision: str = "auto", mode: str = "auto", graphs: bool = True,
-                 noise: str = DEFAULT_NOISE) -> None:
+                 noise: str = DEFAULT_NOISE, policy: KernelPolicy = KernelPolicy()) -> None:
+        """weights: a path (default: the shipped model) or loaded Weights; backend: auto, numpy, cupy,
+        pycuda; precision: auto (fp16 on a GPU, fp32 on the CPU), fp32, fp16, bf16, fp64 (numpy);
+        mode: gpu (the sampler step in the U-Net's last kernel, CUDA-graph steps) or cpu (p_sample on
+        the CPU, overlapped); noise: where the seed's noise stream is drawn on a GPU (auto, host,
+        device); policy: how the GPU kernels are picked (jetson_unet.ops.policy.KernelPolicy)."""
         if mode not in MODES:
             raise UsageError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
         self.mode = DEFAULT_GPU_MODE if mode == "auto" else mode
@@ -56,7 +62,7 @@ class Pipeline:
             raise UsageError(f"unknown noise source {noise!r} (choose from {', '.join(NOISE_CHOICES)})")
         if noise == "device" and (self.mode != "gpu" or backend == "numpy"):
             raise UsageError("device noise goes with a GPU backend in gpu mode")
-        self.noise = noise
+        self.noise, self.policy = noise, policy
         if backend not in BACKEND_CHOICES:
             raise UsageError(f"unknown backend {backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
         if precision not in PRECISIONS:
@@ -108,7 +114,8 @@ class Pipeline:
             if self._stream is None:   # kept across batch sizes (GpuSampler's stream argument says why)
                 self._stream = be.stream()
             self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs,
-                                      backend=be, noise=self.noise, stream=self._stream)
+                                      backend=be, noise=self.noise, stream=self._stream,
+                                      policy=self.policy)
         return self._engine
 
     def load(self, batch: int = 1) -> "Pipeline":

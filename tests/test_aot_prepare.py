@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
-from cubin_fakes import CubinBackend, FakeNvrtc, fake_compiler, write_fake_nvcc  # noqa: E402
+from cubin_fakes import (CubinBackend, FakeNvrtc, cupy_nvrtc, fake_compiler, hide_nvcc,  # noqa: E402
+                         write_fake_nvcc)
 from fakes import FakeBackend  # noqa: E402
 
 from jetson_unet.model.config import UNetConfig  # noqa: E402
@@ -25,6 +26,7 @@ from jetson_unet.build import cache as cubins  # noqa: E402
 from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
 from jetson_unet.build.loader import KernelSet
 from jetson_unet.build.sources import module_source  # noqa: E402
+from jetson_unet.ops.policy import KernelPolicy  # noqa: E402
 from jetson_unet.model.weights import random_params  # noqa: E402
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
@@ -75,16 +77,17 @@ def test_prepare_builds_each_module_once_then_is_up_to_date(tmp_path, monkeypatc
     lines.clear()
     assert aot.prepare(w, targets[:1], ["fp16", "fp32"], [1], fake_compiler(log), cache, lines.append) == 0
     assert len(log) == 3 and sum("up to date" in ln for ln in lines) == 2
-    be = CubinBackend()                                  # the runtime then only loads
+    nv = cupy_nvrtc(monkeypatch)                         # the runtime's own NVRTC (nvrtc 12.6) then only loads
+    be = CubinBackend()
     ex = GpuExecutor(w, "fp16", batch=4, backend=be)
-    assert be.builds == [] and len(be.loads) == 1 and ex.kernels.symbols
+    assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1 and ex.kernels.symbols
 
 
 def _tuned_tiles_file(w, folder, device, sms, precision, batch):
     """A tuning file whose tiles differ from the built-in ones (each tunable op's last candidate)."""
     from jetson_unet.ops.common import Ctx
     from jetson_unet.ops import tuning
-    from jetson_unet.executor.executor import view_layout
+    from jetson_unet.model.arena import view_layout
     from jetson_unet.model.plan import build_plan
     plan = build_plan(w.config)
     ctx = Ctx(plan, w.params, precision, batch, sms, view_layout(plan))
@@ -111,10 +114,11 @@ def test_prepare_builds_the_module_of_the_tuned_tiles_the_executor_finds(tmp_pat
     log, lines = [], []
     assert aot.prepare(w, [native], ["fp16"], [1], fake_compiler(log), cubins.CubinCache(), lines.append) == 0
     assert len(log) == 1, lines
+    nv = cupy_nvrtc(monkeypatch)                              # what the runtime would compile with
     be = CubinBackend()                                       # device "fake", 8 SMs: finds the file
     with GpuExecutor(w, "fp16", batch=1, backend=be) as ex:
         assert ex.tiles_from == str(tmp_path / "tiles-fake-8sm-fp16-b1.json")
-        assert be.builds == [] and len(be.loads) == 1
+        assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1
 
     monkeypatch.setattr(KernelSet, "_cache", {})
     monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path / "cache2"))
@@ -122,10 +126,11 @@ def test_prepare_builds_the_module_of_the_tuned_tiles_the_executor_finds(tmp_pat
     cross = aot.parse_targets(["87"], sms=[8])
     assert aot.prepare(w, cross, ["fp16"], [1], fake_compiler(log), cubins.CubinCache(), lines.append) == 0
     assert len(log) == 2, lines                               # built-in + the 8-SM file
-    for tiles in ({}, None):                                  # given built-in tiles; found by name
+    for tiles in ({}, "builtin", None):                       # given built-in tiles; found by name
+        KernelSet._cache.clear()                              # each a new process
         be = CubinBackend()
-        with GpuExecutor(w, "fp16", batch=1, backend=be, tiles=tiles):
-            assert be.builds == [] and len(be.loads) == 1
+        with GpuExecutor(w, "fp16", batch=1, backend=be, policy=KernelPolicy(tiles=tiles)):
+            assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1
 
 
 def test_prepare_reports_compile_errors_in_one_line(tmp_path):
@@ -133,7 +138,8 @@ def test_prepare_reports_compile_errors_in_one_line(tmp_path):
         raise KernelCompileError(name, options, "warning: x\nseed-unet.cu(9): error: expected a ';'\n")
     lines = []
     fails = aot.prepare(W(TINY), aot.parse_targets(["87"], sms=[8]), ["fp32"], [1],
-                        aot.Compiler("nvcc", "nvcc: release 12.6", broken), cubins.CubinCache(tmp_path), lines.append)
+                        compilers.Compiler("nvcc", "nvcc: release 12.6", broken), cubins.CubinCache(tmp_path),
+                        lines.append)
     assert fails == 1 and lines[-1].endswith("FAILED: seed-unet.cu(9): error: expected a ';'")
 
 
@@ -146,7 +152,7 @@ def test_pick_compiler(tmp_path, monkeypatch):
     assert aot.pick_compiler("auto", nvcc=str(nvcc)).kind == "nvcc"
     with pytest.raises(UsageError, match="NVRTC is not usable here"):
         aot.pick_compiler("nvrtc")
-    monkeypatch.setattr("jetson_unet.backends.pycuda.find_nvcc", lambda: None)
+    hide_nvcc(monkeypatch, tmp_path)
     with pytest.raises(UsageError, match="no CUDA compiler here"):
         aot.pick_compiler("auto")
 
@@ -157,8 +163,7 @@ def test_real_module_compiles_with_nvcc_for_sm87(tmp_path):
     """Where nvcc is installed (no GPU needed): the executor's fp16 module of the shipped config for
     sm_87 (the tensor-core path), and fp32 for sm_72 where this nvcc still targets it (CUDA 13 does
     not: then a one-line skip and one failure)."""
-    from jetson_unet.backends.pycuda import find_nvcc
-    nvcc = find_nvcc()
+    nvcc = compilers.find_nvcc()
     if nvcc is None:
         pytest.skip("no nvcc")
     lines = []

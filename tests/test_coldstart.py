@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
-from cubin_fakes import CubinBackend  # noqa: E402
+from cubin_fakes import CubinBackend, cupy_nvrtc  # noqa: E402
 
 from jetson_unet.bench import coldstart  # noqa: E402
-from jetson_unet import backends as backend_mod  # noqa: E402
 from jetson_unet.errors import UsageError  # noqa: E402
 from jetson_unet.backends import _CACHE
 from jetson_unet.build.loader import KernelSet  # noqa: E402
@@ -28,9 +27,16 @@ DDIM2 = ["--sampler", "ddim", "--steps", "2"]
 
 
 @pytest.fixture
-def fake_cupy(tmp_path, monkeypatch):
-    """`get_backend("cupy")` is a fake with the cubin seam, over an empty cubin cache and no modules
-    in memory: a fresh process on an empty kernel cache."""
+def nvrtc(monkeypatch):
+    """CuPy's NVRTC binding, as the loader finds it (a FakeNvrtc): its `calls` are the modules built."""
+    return cupy_nvrtc(monkeypatch)
+
+
+@pytest.fixture
+def fake_cupy(tmp_path, monkeypatch, nvrtc):
+    """`get_backend("cupy")` is a fake that loads cubins (compiler "nvrtc": built through the fake
+    NVRTC), over an empty cubin cache and no modules in memory: a fresh process on an empty kernel
+    cache."""
     be = CubinBackend()
     monkeypatch.setitem(_CACHE, "cupy", be)
     monkeypatch.setattr(KernelSet, "_cache", {})
@@ -50,17 +56,17 @@ def test_load_on_numpy_returns_self_and_sampling_follows(tiny_weights):
         pipe.load()
 
 
-def test_load_builds_the_gpu_engine_that_sample_then_uses(tiny_weights, fake_cupy):
+def test_load_builds_the_gpu_engine_that_sample_then_uses(tiny_weights, fake_cupy, nvrtc):
     with Pipeline(tiny_weights, backend="cupy", graphs=False) as pipe:
         assert pipe._engine is None, "nothing is built before load() or sample()"
         assert pipe.load(2) is pipe
         eng = pipe._engine
         assert isinstance(eng, GpuSampler) and eng.batch == 2 and eng._tables is not None
-        assert len(fake_cupy.builds) == 1 and len(fake_cupy.loads) == 1
+        assert len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1 and fake_cupy.compiled == []
         uploads = len(fake_cupy.copies)
         assert uploads > 0 and all(not ex._pending for ex in eng.executors), "the weight upload was waited for"
         pipe.sample(batch=2, steps=2, sampler="ddim")
-        assert pipe._engine is eng and len(fake_cupy.builds) == 1 and len(fake_cupy.loads) == 1
+        assert pipe._engine is eng and len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1
         pipe.load(1)
         assert pipe._engine is not eng and pipe._engine.batch == 1 and not eng.executors, "the old one is freed"
         assert pipe._engine.compute[0] is eng.compute[0], "one compute stream across batch sizes"
@@ -103,7 +109,7 @@ def test_child_process_prints_one_json_line_of_phases(tiny_weights_path):
     assert rec["import_s"] > 0.01, "numpy and the runtime were imported inside the child's clock"
 
 
-def test_child_counts_the_kernel_modules_it_compiles(tiny_weights_path, fake_cupy, capsys):
+def test_child_counts_the_kernel_modules_it_compiles(tiny_weights_path, fake_cupy, nvrtc, capsys):
     args = ["--weights", str(tiny_weights_path), "--backend", "cupy", "--no-graphs"] + DDIM2
     assert coldstart.main(args) == 0
     cold = json.loads(capsys.readouterr().out)
@@ -115,7 +121,8 @@ def test_child_counts_the_kernel_modules_it_compiles(tiny_weights_path, fake_cup
     KernelSet._cache.clear()                 # a second process on the cache the first one filled
     assert coldstart.main(args) == 0
     warm = json.loads(capsys.readouterr().out)
-    assert warm["compiles"] == 0 and warm["kernel_notices"] == tiles and len(fake_cupy.builds) == 1
+    assert warm["compiles"] == 0 and warm["kernel_notices"] == tiles and len(nvrtc.calls) == 1
+    assert len(fake_cupy.loads) == 2 and fake_cupy.loads[0] == fake_cupy.loads[1], "the cached cubin"
 
 
 def test_child_failure_is_one_line_and_an_exit_code(tmp_path, capsys):

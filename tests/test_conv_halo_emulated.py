@@ -95,7 +95,7 @@ def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tm
     import shutil
 
     from jetson_unet.model.config import UNetConfig
-    from jetson_unet.executor.executor import view_layout
+    from jetson_unet.model.arena import view_layout
     from jetson_unet.ops.tuning import candidates, tunable
     from jetson_unet.model.plan import GATE, build_plan
     from jetson_unet.model.weights import random_params

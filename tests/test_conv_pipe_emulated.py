@@ -3,13 +3,11 @@ the CPU by tests/emu/simt.h: the kernel files compiled by g++ with only their in
 (ldmatrix, mma.sync, cvt, cp.async) swapped for emulations. Same GEMM, same mma order over k: the
 outputs and GroupNorm partials must agree bit for bit, for every feature the kernels share
 (3x3/2x2/1x1, up2, unshuffle2, fused norm, residual K segment, time bias, GELU, identity residual,
-split-K, gate, ragged M and N, 2..4 stages, BK 32/64), and the kernels that run several M tiles per
-CTA (PERSIST) against the same tile run one per CTA. One case also checks the stock kernel's
+split-K, gate, ragged M and N, 2..4 stages, BK 32/64). One case also checks the stock kernel's
 emulation against NumPy, so the emulator itself is tested. No GPU needed; skipped without g++."""
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import re
 import shutil
 import subprocess
@@ -19,9 +17,8 @@ import numpy as np
 import pytest
 
 from jetson_unet.paths import kernels_dir
-from jetson_unet.ops.common import TileChoice, cdiv, from_device, padded, round_up, to_device
-from jetson_unet.ops.conv import fold_table, fold_weights, gemm_conv_spec, gemm_workspace, pack_gemm
-from jetson_unet.ops.conv_pipe import deep_ring
+from jetson_unet.ops.common import cdiv, from_device, padded, round_up, to_device
+from jetson_unet.ops.conv import fold_table, fold_weights, gemm_workspace, pack_gemm
 from jetson_unet.ops.keys import ConvKey
 
 pytestmark = pytest.mark.slow
@@ -133,33 +130,6 @@ SLICE_CASES = [
     ("1x1-bf16", key(128, 64, 32, kh=1, dtype="bf16"), [key(32, 64, 64, kh=1, dtype="bf16", stages=3, ks=2)],
      dict(hin=16, cin=48, n=64, cr=0, batch=1, norm=True, act=1)),
 ]
-# Several M tiles per CTA (ConvKey.persist, TileChoice.mt): (name, one-tile key, M tiles per CTA to
-# run it with, shape). The same per-tile work in the same order, so bit for bit the one-tile kernel's
-# outputs and partials, whatever tile a CTA runs next. mtiles: 3x3 12x12 / 64 rows: 3 (CTAs of 2 and 1
-# tiles, and all 3 in one); the 128x64 tile unrolls its k loop by its stages; K of one k-tile leaves
-# the next tile's first issues partly empty; up2 and a residual K segment re-derive per-row sources.
-PERSIST_CASES = [
-    ("3x3-norm-tbias-gelu-res", key(64, 64, 32, stages=3), (2, 3, 4),
-     dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
-    ("3x3-deep-ring-folded", key(64, 64, 64, stages=3, fold=True), (2, 3),
-     dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, act=1)),
-    ("3x3-folded-4-stages", key(64, 64, 32, stages=4, fold=True), (2, 3),
-     dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, act=1)),
-    ("3x3-folded-unrolled-128x64", key(128, 64, 32, stages=3, wm=4, fold=True), (2, 3),
-     dict(hin=20, cin=16, n=64, cr=0, batch=1, norm=True, act=1)),
-    ("up2-norm-residual-conv", key(32, 64, 64, up=2, stages=3), (2, 5),
-     dict(hin=6, cin=16, n=32, cr=24, batch=2, norm=True)),
-    ("unshuffle2-2-stages", key(64, 32, 64, kh=2, st=2, stages=2), (2,),
-     dict(hin=24, cin=8, n=32, cr=0, batch=1)),
-    ("1x1-one-k-tile-bf16", key(32, 64, 32, kh=1, dtype="bf16", stages=4), (3,),
-     dict(hin=10, cin=8, n=64, cr=0, batch=2, norm=True, act=1)),
-]
-
-
-def persist(k: ConvKey) -> ConvKey:
-    return dataclasses.replace(k, persist=True)
-
-
 # Output tolerance of a k-sliced kernel against the stock one: the fp32 sums differ by a few fp32
 # roundings, which can move a 16-bit output by one unit in the last place (fp16 2^-10, bf16 2^-7,
 # relative) where the value sits near a rounding boundary; nothing else may move.
@@ -200,9 +170,7 @@ def build_lib(keys, d: Path) -> ctypes.CDLL:
 
 @pytest.fixture(scope="module")
 def emu_lib(tmp_path_factory):
-    return build_lib([k for _, s, p, _ in CASES + SLICE_CASES for k in [s] + p]
-                     + [k for _, one, _, _ in PERSIST_CASES for k in (one, persist(one))],
-                     tmp_path_factory.mktemp("emu"))
+    return build_lib([k for _, s, p, _ in CASES + SLICE_CASES for k in [s] + p], tmp_path_factory.mktemp("emu"))
 
 
 def macro_params(file: str = "conv.cu", macro: str = "CONV_PARAMS") -> list:
@@ -243,10 +211,9 @@ class Problem:
         self.psi = rng.standard_normal(n).astype(np.float32)
         self.segs = segs
 
-    def run(self, lib, k: ConvKey, mt: int = 1):
+    def run(self, lib, k: ConvKey):
         """The kernel of `k` on this problem; k.fold: with the GroupNorm folded into the GEMM
-        (fold_weights / fold_table, as the executor prepares it) instead of the table;
-        k.persist: mt M tiles per CTA (the grid gemm_conv_spec launches)."""
+        (fold_weights / fold_table, as the executor prepares it) instead of the table."""
         segs, bias, fold = self.segs, self.bias, k.fold
         if fold:
             seg0, bias = fold_weights(segs[0], bias, self.gn_w, self.gn_b)
@@ -291,7 +258,7 @@ class Problem:
             else:
                 cargs.append(ctypes.c_int(a))
         fn = getattr(lib, "emu_" + k.symbol)
-        fn(ctypes.c_int(cdiv(mtiles, mt) if k.persist else mtiles * self.splits), ctypes.c_int(ntiles),
+        fn(ctypes.c_int(mtiles * self.splits), ctypes.c_int(ntiles),
            ctypes.c_int(self.batch), ctypes.c_int(k.threads), *cargs)
         assert not counters.any(), "split-K and gate tickets must be re-armed"
         return out, st_part
@@ -336,17 +303,6 @@ def test_k_slices_equal_stock_within_output_rounding(emu_lib, case):
         assert (got_out != want_out).mean() < 0.05, f"{k.symbol}: {(got_out != want_out).mean():.1%} of outputs moved"
         if not shape.get("gate"):   # GroupNorm statistics: per tile they depend on the tiling; per sample not
             assert np.allclose(merged(got_st), merged(want_st), rtol=1e-4), k.symbol
-
-
-@pytest.mark.parametrize("case", PERSIST_CASES, ids=[c[0] for c in PERSIST_CASES])
-def test_several_m_tiles_per_cta_equal_one_bit_for_bit(emu_lib, case):
-    _, one, mts, shape = case
-    prob, want = reference_run(emu_lib, one, shape, "one-tile")
-    assert not np.isnan(want[1]).any(), "one-tile kernel left GroupNorm partials unwritten"
-    assert cdiv(prob.m, one.bm) > 1, "the case must have several M tiles"
-    k = persist(one)
-    for mt in mts:
-        assert_same_bits(prob.run(emu_lib, k, mt), want, f"{k.symbol} with {mt} M tiles per CTA")
 
 
 def merged(st: np.ndarray) -> np.ndarray:

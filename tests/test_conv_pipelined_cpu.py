@@ -1,20 +1,11 @@
-"""The cp.async conv (kernels/conv_pipe.cu, $JETSON_UNET_CONV_STAGES, 3 stages by default) on the host
-side, no GPU:
-- with 0 (the way back), the instantiation list and every launch (symbol, grid, block, smem, scalar
-  arguments) are those recorded before the variant existed (tests/fixtures/conv_launches_default.json);
-- by default, the 16-bit vectorized GEMM convs and gates switch to `_s<stages>` symbols whose launch
-  arguments still match CONV_PARAMS, with a ring that fits the smem budget, and the weights packed
-  for their BK still reproduce the reference;
-- slow: the opt-in module compiles for sm_87 with nvcc, without spills, within the smem budget.
-
-Regenerate the fixture only for an intended change of conv_gemm's selection:
-    python tests/test_conv_pipelined_cpu.py --write-golden
-"""
+"""The cp.async conv (kernels/conv_pipe.cu, 3 stages in the built-in tiles) on the host side, no GPU:
+the 16-bit vectorized GEMM convs and gates run `_s<stages>` (or the halo conv's `_h<stages>`) symbols
+whose launch arguments match CONV_PARAMS, with a ring that fits the smem budget, and the weights
+packed for their BK still reproduce the reference; slow: the module compiles for sm_87 with nvcc,
+without spills, within the smem budget."""
 from __future__ import annotations
 
 import dataclasses
-
-import json
 import os
 import re
 import shutil
@@ -30,23 +21,18 @@ from fakes import FakeBackend, own_module_cache  # noqa: E402,F401  (the fixture
 
 from jetson_unet.paths import kernels_dir  # noqa: E402
 from jetson_unet.model.config import UNetConfig  # noqa: E402
-from jetson_unet.errors import ConfigError  # noqa: E402
-from jetson_unet.ops.common import Ctx, DEFAULT_STAGES, DW_TC_ENV, SMEM_LIMIT, STAGES_ENV, stages_from_env
+from jetson_unet.ops.common import Ctx, SMEM_LIMIT
+from jetson_unet.model.arena import view_layout
 from jetson_unet.ops.conv_halo import HALO_SMEM_LIMIT
 from jetson_unet.ops.conv_pipe import PIPE_RING_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem, pipe_tile
 from jetson_unet.ops.specs import op_spec
-from jetson_unet.ops.tiles import choose_tile
 from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
 from jetson_unet.ops.keys import ConvKey
 from jetson_unet.build.sources import module_source, nvrtc_options  # noqa: E402
 from jetson_unet.model.weights import random_params  # noqa: E402
 
-GOLDEN = Path(__file__).parent / "fixtures" / "conv_launches_default.json"
 ODD = UNetConfig(dim=12, image_size=24, dim_mults=(1, 2, 3), time_dim=48)
 CONFIGS = {"default": UNetConfig(), "odd": ODD}
-# (config, precision, batch, SMs): the Orin Nano (8 SMs) at batch 1 and 16, the H200 (132) for fp16
-GOLDEN_CASES = ([("default", p, b, 8) for p in ("fp32", "fp16", "bf16") for b in (1, 16)]
-                + [("default", "fp16", b, 132) for b in (1, 16)] + [("odd", "fp16", 3, 8)])
 ORIN_SMEM_PER_SM = 100 * 1024   # the budget this work keeps to: two CTAs per SM
 CTA_RESERVED = 1024             # smem the driver reserves per CTA (sm_80+)
 ORIN_SM_SMEM = 164 * 1024       # an sm_87 SM's shared memory, which the halo conv's opt-in may use
@@ -55,78 +41,6 @@ ORIN_SM_SMEM = 164 * 1024       # an sm_87 SM's shared memory, which the halo co
 class W:
     def __init__(self, cfg: UNetConfig, seed: int = 0) -> None:
         self.config, self.params = cfg, random_params(cfg, seed)
-
-
-def _arg(a):
-    if isinstance(a, np.uint64):
-        return "p" if int(a) else "0"   # addresses depend on allocation order: only null / not null
-    return int(a) if isinstance(a, np.int32) else float(a)
-
-
-def describe(cfg: UNetConfig, precision: str, batch: int, sms: int) -> dict:
-    """The generated instantiation lines and, per launch: name, symbol, grid, block, smem, arguments."""
-    ex = GpuExecutor(W(cfg), precision, batch=batch, backend=FakeBackend(sms=sms))
-    inst = ex.kernels.source.split("// ==== instantiations (generated) ====\n", 1)[1].splitlines()
-    launches = [" ".join([L.name, L.fn.symbol, "x".join(map(str, L.grid)), str(L.block[0]), str(L.smem),
-                          ",".join(str(_arg(a)) for a in L.args)]) for L in ex.launches]
-    return {"instantiations": inst, "launches": launches}
-
-
-def describe_all() -> dict:
-    return {f"{n}-{p}-b{b}-sms{s}": describe(CONFIGS[n], p, b, s) for n, p, b, s in GOLDEN_CASES}
-
-
-@pytest.fixture
-def no_stages(monkeypatch):
-    monkeypatch.setenv(STAGES_ENV, "0")
-    monkeypatch.setenv(DW_TC_ENV, "0")   # the fixture predates the tensor-core depthwise conv too
-
-
-@pytest.fixture
-def stages3(monkeypatch):
-    monkeypatch.setenv(STAGES_ENV, "3")
-
-
-# ---- 0: conv_gemm as it was ----------------------------------------------------------------------
-
-def test_default_launches_are_unchanged(no_stages):
-    want = json.loads(GOLDEN.read_text())
-    got = describe_all()
-    assert sorted(got) == sorted(want)
-    for case in want:
-        for part in ("instantiations", "launches"):
-            w, g = want[case][part], got[case][part]
-            first = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
-            was, now = (w[first:first + 1] or [""])[0], (g[first:first + 1] or [""])[0]
-            assert w == g, (f"{case} {part} changed (regenerate the fixture only for an intended change): "
-                            f"{len(w)} -> {len(g)} lines; first difference at {first}: {was!r} -> {now!r}")
-
-
-def test_default_module_has_no_pipelined_code(no_stages):
-    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
-    assert "// ==== conv_pipe.cu" not in ex.kernels.source and "CONV_PIPE_INSTANCE" not in ex.kernels.source
-    assert not any(re.search(r"_s\d+$", s) for s in ex.kernels.symbols)
-    assert all(getattr(s.key, "stages", 0) == 0 for s in ex.specs)
-
-
-@pytest.mark.parametrize("raw,want", [("", DEFAULT_STAGES), ("0", 0), (" 3 ", 3), ("2", 2), ("6", 6)])
-def test_stages_from_env(raw, want):
-    assert stages_from_env({STAGES_ENV: raw}) == want
-    assert stages_from_env({}) == DEFAULT_STAGES == 3
-
-
-def test_default_is_the_cp_async_conv(monkeypatch):
-    monkeypatch.delenv(STAGES_ENV, raising=False)
-    ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
-    # every GEMM: the 256-wide gates too, split over 64-wide CTAs (choose_tile's pipelined rules)
-    assert {s.key.stages for s in ex.specs if isinstance(s.key, ConvKey)} == {DEFAULT_STAGES}
-    assert "// ==== conv_pipe.cu" in ex.kernels.source
-
-
-@pytest.mark.parametrize("raw", ["1", "7", "three", "-3", "3.0"])
-def test_stages_from_env_refuses_nonsense(raw):
-    with pytest.raises(ConfigError, match=STAGES_ENV):
-        stages_from_env({STAGES_ENV: raw})
 
 
 def test_pipe_tile_budget():
@@ -164,14 +78,14 @@ def test_pipelined_kernel_takes_conv_params():
     text = (kernels_dir() / "conv_pipe.cu").read_text()
     macro = re.search(r"#define CONV_PIPE_INSTANCE\(([^)]*)\)(.*)", text, re.S)
     names = [a.strip() for a in macro.group(1).split(",")]
-    assert names[-4:] == ["STAGES", "KS", "FOLD", "PERSIST"] and len(names) == 16
+    assert names[-3:] == ["STAGES", "KS", "FOLD"] and len(names) == 15
     assert re.search(r"name\(CONV_PARAMS\)", macro.group(2)) and "(CONV_ARGS)" in macro.group(2)
 
 
 @pytest.mark.parametrize("cfg", ["default", "odd"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("sms", [8, 132])
-def test_opt_in_launches(stages3, cfg, precision, sms):
+def test_pipelined_launches(cfg, precision, sms):
     fb = FakeBackend(sms=sms)
     ex = GpuExecutor(W(CONFIGS[cfg]), precision, batch=3, backend=fb)
     kinds = kernel_params("CONV_PARAMS")
@@ -211,7 +125,7 @@ def test_opt_in_launches(stages3, cfg, precision, sms):
         assert (piped > 0) == (precision != "fp32"), piped
 
 
-def test_opt_in_weights_reproduce_every_gemm_conv(stages3):
+def test_pipelined_weights_reproduce_every_gemm_conv():
     """The packed weights and K segments follow the variant's BK (32 where conv_gemm had 64)."""
     from test_gpu_cpu_parts import test_packed_weights_reproduce_every_gemm_conv as check
     check(UNetConfig(dim=8, image_size=16, dim_mults=(1, 2, 3), time_dim=32), "bf16")
@@ -264,22 +178,20 @@ def sm87_ptxas(nvcc: str, keys, tmp_path) -> dict:
 
 
 @pytest.mark.slow
-def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
+def test_pipelined_module_compiles_for_sm87(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc")
     # batch 1 and 16 on the Orin's 8 SMs: at batch 16 most tiles are large, with the k loop unrolled
-    # by its stages (conv_pipe.cu), which holds more registers; and each cp.async conv tile as the
-    # kernel that runs several M tiles per CTA (PERSIST: what `tune_tiles.py --mt` may pick there)
+    # by its stages (conv_pipe.cu), which holds more registers
     specs = [s for b in (1, 16) for s in GpuExecutor(W(UNetConfig()), "fp16", batch=b, backend=FakeBackend(sms=8)).specs]
     keys = {s.key for s in specs if isinstance(s.key, ConvKey) and s.key.stages}
-    keys |= {dataclasses.replace(k, persist=True) for k in keys if not k.halo and not k.gate and k.ks == 1}
     keys = sorted(keys, key=lambda k: k.symbol)
     dyn = {}
     for s in specs:
-        dyn[s.key.symbol] = dyn[s.key.symbol + "_p"] = max(dyn.get(s.key.symbol, 0), s.smem)
+        dyn[s.key.symbol] = max(dyn.get(s.key.symbol, 0), s.smem)
     rep = sm87_ptxas(nvcc, keys, tmp_path)
-    assert any(k.persist and k.fold for k in keys)
+    assert any(k.fold for k in keys)
     assert any(k.halo for k in keys)   # an 8-SM GPU's built-in tiles take the halo conv where it is deep
     assert any(k.bm * k.bn >= 64 * 64 and k.wm * k.wn >= 4 and not k.halo and not k.gate for k in keys)   # unrolled
     for k in keys:
@@ -293,14 +205,14 @@ def test_opt_in_module_compiles_for_sm87(stages3, tmp_path):
         assert f["smem"] + dyn.get(k.symbol, 0) <= SMEM_LIMIT, (k.symbol, f)
         # two CTAs per SM by registers, where the launch bounds ask for it (conv_pipe.cu PIPE_MIN_CTAS):
         # the 8-warp up2 tiles of batch 16 may take up to 255 (192-194 on sm_87, one CTA per SM)
-        if not (k.up == 2 and k.wm * k.wn * k.ks >= 8) and not k.persist:
+        if not (k.up == 2 and k.wm * k.wn * k.ks >= 8):
             assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)
 
 
 # ptxas spills of the deep-ring candidates at the 128-register cap (bytes, stores + loads): measured
-# nvcc 13 sm_87 0-32, sm_90 8-36 (session 28). They stay at the cap: held to 168 registers without
-# spills (3 CTAs per SM), the H100's batch-16 call with them was 0.941 / 0.938 ms against 0.916 /
-# 0.919 (docs/perf-notes.md session 28); the tuner keeps them only where they measure faster.
+# nvcc 13 sm_87 0-32, sm_90 8-36. They stay at the cap: held to 168 registers without spills (3 CTAs
+# per SM), the H100's batch-16 call with them was 0.941 / 0.938 ms against 0.916 / 0.919 at the cap;
+# the tuner keeps them only where they measure faster.
 DEEP_SPILL_MAX = 64
 
 
@@ -323,7 +235,6 @@ def test_deep_ring_candidates_compile_for_sm87(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc")
-    from jetson_unet.executor.executor import view_layout
     from jetson_unet.ops.tuning import candidates, tunable
     from jetson_unet.model.plan import build_plan
     weights = W(UNetConfig())
@@ -345,11 +256,3 @@ def test_deep_ring_candidates_compile_for_sm87(tmp_path):
         assert f["smem"] <= PIPE_SCRATCH, (k.symbol, f)   # the ring is not static
         assert f["smem"] + dyn[k.symbol] + CTA_RESERVED <= ORIN_SM_SMEM // 2, (k.symbol, f)
         assert f["spill"] <= DEEP_SPILL_MAX, (k.symbol, f)
-
-
-if __name__ == "__main__" and "--write-golden" in sys.argv:
-    import os
-    os.environ[STAGES_ENV] = "0"
-    os.environ[DW_TC_ENV] = "0"
-    GOLDEN.write_text(json.dumps(describe_all(), indent=0, sort_keys=True))
-    print(f"wrote {GOLDEN}")

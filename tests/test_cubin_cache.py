@@ -1,6 +1,8 @@
 """CPU checks of the cubin cache: the key, the validation of an entry (a corrupt, foreign-arch or
 mismatched cubin is deleted and rebuilt, never loaded), the any-toolchain lookup, the loader's order
-(cache, then NVRTC), the CuPy seam over a fake CuPy, and the NVRTC / nvcc drivers over fakes. No GPU
+(cache, then the backend's compiler, then the backend's own compile_source), the CuPy backend's module
+paths over a fake CuPy, and the NVRTC / nvcc drivers over fakes. One cache for both backends: the
+loader builds with a `Compiler` (jetson_unet.build.compilers) and the backend only loads. No GPU
 needed; `prepare` is in test_aot_prepare.py."""
 from __future__ import annotations
 
@@ -13,18 +15,17 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
-from cubin_fakes import (CubinBackend, FakeNvrtc, fake_cubin, fake_cupy_backend,  # noqa: E402
-                         write_fake_nvcc)
+from cubin_fakes import (CubinBackend, FakeNvrtc, cupy_nvrtc, fake_compiler, fake_cubin,  # noqa: E402
+                         fake_cupy_backend, hide_nvcc, write_fake_nvcc)
 from fakes import FakeBackend  # noqa: E402
 
 from jetson_unet.paths import kernels_dir  # noqa: E402
 from jetson_unet.errors import KernelCompileError  # noqa: E402
-from jetson_unet.build import compilers
+from jetson_unet.build import compilers  # noqa: E402
 from jetson_unet.build import cache as cubins  # noqa: E402
 from jetson_unet import logs  # noqa: E402
-from jetson_unet.build.loader import compile_notice
-from jetson_unet.build.loader import KernelSet
-from jetson_unet.ops.keys import SimpleKey
+from jetson_unet.build.loader import KernelSet, compile_notice, load_module  # noqa: E402
+from jetson_unet.ops.keys import SimpleKey  # noqa: E402
 from jetson_unet.build.sources import module_source, nvrtc_options  # noqa: E402
 
 KEYS = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32"), SimpleKey("init", "fp16", 3)]
@@ -38,9 +39,21 @@ def cache(tmp_path, monkeypatch):
         yield c
 
 
-def kernel_set(be, cache, keys=KEYS):
+@pytest.fixture
+def builds():
+    """What the fake compiler built: (arch, source name) per build."""
+    return []
+
+
+@pytest.fixture
+def nvrtc(builds):
+    """The loader's compiler in these tests: a fake NVRTC Compiler (toolchain "nvrtc 12.6")."""
+    return fake_compiler(builds)
+
+
+def kernel_set(be, cache, compiler=None, keys=KEYS):
     KernelSet._cache.clear()        # a new process, as far as the in-memory modules go
-    return KernelSet(be, keys, cache=cache)
+    return KernelSet(be, keys, cache=cache, compiler=compiler)
 
 
 # ---- the key --------------------------------------------------------------------------------------------------
@@ -81,19 +94,19 @@ def test_elf_arch_reads_both_header_layouts(abi):
     assert "'k2'" in cubins.check_cubin(fake_cubin(87, ["k1"]), 87, ["k1", "k2"])
 
 
-# ---- the loader: cache first, NVRTC second; bad entries deleted and rebuilt ---------------------------------------
-def test_first_run_compiles_and_stores_second_run_only_loads(cache):
+# ---- the loader: cache first, the compiler second; bad entries deleted and rebuilt --------------------------------
+def test_first_run_compiles_and_stores_second_run_only_loads(cache, nvrtc, builds):
     be = CubinBackend()
-    ks = kernel_set(be, cache)
-    assert len(be.builds) == 1 and be.builds[0][2] == 87 and len(be.loads) == 1
+    ks = kernel_set(be, cache, nvrtc)
+    assert builds == [(87, "seed-unet.cu")] and len(be.loads) == 1 and be.compiled == []
     assert cache.notes == [compile_notice(87)]
     [cub] = list(cache.root.glob("*.cubin"))
     meta = json.loads(cub.with_suffix(".json").read_text())
     assert meta["arch"] == 87 and meta["toolchain"] == "nvrtc 12.6" and meta["options"] == ["-std=c++17"]
     assert meta["cubin_sha256"] == cubins.sha256(cub.read_bytes())
     assert meta["source_sha256"] == cubins.sha256(ks.source.encode()) and meta["symbols"] == ks.symbols
-    kernel_set(be, cache)
-    assert len(be.builds) == 1 and be.loads == [cub, cub] and len(cache.notes) == 1
+    kernel_set(be, cache, nvrtc)
+    assert len(builds) == 1 and be.loads == [cub, cub] and len(cache.notes) == 1
 
 
 def _truncate(cub, side):
@@ -142,74 +155,159 @@ BREAK = {"truncated": _truncate, "random bytes": _random_bytes, "wrong sha in th
 
 
 @pytest.mark.parametrize("how", list(BREAK))
-def test_bad_cubin_is_detected_deleted_and_rebuilt(cache, how):
+def test_bad_cubin_is_detected_deleted_and_rebuilt(cache, nvrtc, builds, how):
     be = CubinBackend()
-    kernel_set(be, cache)
+    kernel_set(be, cache, nvrtc)
     [cub] = list(cache.root.glob("*.cubin"))
     BREAK[how](cub, cub.with_suffix(".json"))
-    kernel_set(be, cache)                                # load_cubin asserts it never sees a bad file
-    assert len(be.builds) == 2, "rebuilt"
+    kernel_set(be, cache, nvrtc)                         # load_cubin asserts it never sees a bad file
+    assert len(builds) == 2, "rebuilt"
     assert any(n.startswith("discarded cached kernels") for n in cache.notes), cache.notes
-    assert be.loads[-1] == cub and cubins.check_cubin(cub.read_bytes(), 87, kernel_set(be, cache).symbols) is None
-    assert len(be.builds) == 2, "and the rebuilt entry serves the next run"
+    assert be.loads[-1] == cub and cubins.check_cubin(cub.read_bytes(), 87, kernel_set(be, cache, nvrtc).symbols) is None
+    assert len(builds) == 2, "and the rebuilt entry serves the next run"
 
 
-def test_another_toolchains_cubin_is_used_and_ours_preferred(cache):
+def test_another_toolchains_cubin_is_used_and_ours_preferred(cache, nvrtc, builds):
     src = module_source(KEYS)
     syms = sorted(k.symbol for k in KEYS)
     opts = nvrtc_options(87)
     other = cache.store(fake_cubin(87, syms), src, opts, 87, "nvcc: release 13.0, V13.0.88", syms)
-    be = CubinBackend(toolchain="nvrtc 12.6")
-    kernel_set(be, cache)
-    assert be.builds == [] and be.loads == [other], "a cross-compiled cubin serves another toolchain"
+    be = CubinBackend()
+    kernel_set(be, cache, nvrtc)                         # nvrtc 12.6
+    assert builds == [] and be.loads == [other], "a cross-compiled cubin serves another toolchain"
     ours = cache.store(fake_cubin(87, syms), src, opts, 87, "nvrtc 12.6", syms)
-    kernel_set(be, cache)
+    kernel_set(be, cache, nvrtc)
     assert be.loads[-1] == ours != other
     assert [e.cubin for e in cache.find(src, opts, 87, "nvrtc 12.6", syms)] == [ours, other]
     assert list(cache.find(src, opts, 72, "nvrtc 12.6", syms)) == [], "another arch's lookup finds nothing"
 
 
-def test_a_cubin_the_driver_refuses_is_discarded_and_rebuilt(cache):
+def test_one_cache_for_both_backends(cache, builds):
+    """A cubin nvcc built for the pycuda backend serves a CuPy-like backend, and the other way round:
+    the toolchain is part of the key, the backend is not."""
+    nvcc = fake_compiler(builds, toolchain="nvcc: release 12.6, V12.6.68", kind="nvcc")
+    first = CubinBackend()
+    kernel_set(first, cache, nvcc)
+    [cub] = list(cache.root.glob("*.cubin"))
+    second = CubinBackend()
+    kernel_set(second, cache, fake_compiler(builds))     # nvrtc 12.6: none of its own, nvcc's serves
+    assert len(builds) == 1 and first.loads == second.loads == [cub]
+
+
+def test_a_cubin_the_driver_refuses_is_discarded_and_rebuilt(cache, nvrtc, builds):
     src, syms = module_source(KEYS), sorted(k.symbol for k in KEYS)
     newer = cache.store(fake_cubin(87, syms), src, nvrtc_options(87), 87, "nvcc: release 99.0", syms)
     be = CubinBackend(refuse={newer.name})
-    kernel_set(be, cache)
-    assert be.loads[0] == newer and len(be.builds) == 1 and not newer.exists()
+    kernel_set(be, cache, nvrtc)
+    assert be.loads[0] == newer and len(builds) == 1 and not newer.exists()
     assert any("the driver refused it (CUDA_ERROR_INVALID_IMAGE" in n for n in cache.notes)
 
 
-def test_unwritable_cache_still_loads(tmp_path, monkeypatch):
+def test_unwritable_cache_still_loads(tmp_path, monkeypatch, nvrtc, builds):
     monkeypatch.setattr(KernelSet, "_cache", {})
     blocker = tmp_path / "file"
     blocker.write_text("")
     be = CubinBackend()
-    kernel_set(be, cubins.CubinCache(blocker / "sub"))
-    assert len(be.builds) == 1 and len(be.loads) == 1 and not be.loads[0].exists()
+    kernel_set(be, cubins.CubinCache(blocker / "sub"), nvrtc)
+    assert len(builds) == 1 and len(be.loads) == 1 and not be.loads[0].exists()
 
 
-def test_backends_without_cubins_compile_their_own_way(cache):
-    be = FakeBackend()
-    kernel_set(be, cache)
-    assert len(be.compiled) == 1
+def test_backends_without_cubins_compile_their_own_way(cache, nvrtc, builds):
+    be = FakeBackend()                                   # compiler None
+    kernel_set(be, cache, nvrtc)
+    assert len(be.compiled) == 1 and builds == [], "a compiler handed in is not used"
     assert not cache.root.exists() or not list(cache.root.iterdir())
 
 
-# ---- the CuPy seam over a fake CuPy ---------------------------------------------------------------------------------
-def test_cupy_seam_builds_and_loads_cubins(tmp_path):
+def test_an_arch_the_compiler_cannot_target_goes_through_compile_source(cache):
+    """A GPU newer than this NVRTC: no cubin can be built here, so the backend's own compile path
+    (CuPy: RawModule(code=...), PTX the driver finishes) serves, after the compile notice."""
+    nv = FakeNvrtc(archs=(75, 80))
+    be = CubinBackend(arch=90)
+    kernel_set(be, cache, compilers.nvrtc_compiler(nv))
+    assert nv.calls == [] and be.loads == [] and len(be.compiled) == 1
+    assert cache.notes == [compile_notice(90)]
+    assert not cache.root.exists() or not list(cache.root.iterdir())
+
+
+# ---- the loader's default compiler: the backend's `compiler` ---------------------------------------------------------
+def test_an_nvrtc_backend_builds_with_cupys_nvrtc_binding(cache, monkeypatch):
+    nv = cupy_nvrtc(monkeypatch)                         # what `cupy.cuda.nvrtc` is, as far as compilers go
+    comp = compilers.runtime_compiler("nvrtc")
+    assert (comp.kind, comp.toolchain) == ("nvrtc", "nvrtc 12.6")
+    be = CubinBackend()
+    kernel_set(be, cache)                                # no compiler handed in
+    assert len(nv.calls) == 1 and "--gpu-architecture=sm_87" in nv.calls[0] and len(be.loads) == 1
+    [entry] = list(cache.find(module_source(KEYS), nvrtc_options(87), 87, "nvrtc 12.6"))
+    assert be.loads == [entry.cubin] and entry.toolchain == "nvrtc 12.6"
+
+
+def test_without_cupys_nvrtc_the_cache_still_serves(cache, monkeypatch, nvrtc):
+    def no_cupy(mod=None):
+        raise ImportError("No module named 'cupy'")
+    monkeypatch.setattr(compilers, "nvrtc_module", no_cupy)
+    assert compilers.runtime_compiler("nvrtc") is None
+    kernel_set(CubinBackend(), cache, nvrtc)             # built elsewhere (or by --prepare)
+    be = CubinBackend()
+    kernel_set(be, cache)
+    assert len(be.loads) == 1 and be.compiled == [], "any toolchain's cubin loads without a compiler"
+    cache_miss = CubinBackend()
+    kernel_set(cache_miss, cache, keys=KEYS[:1])
+    assert cache_miss.loads == [] and len(cache_miss.compiled) == 1, "else the backend's compile_source"
+
+
+def test_an_nvrtc_binding_without_cubin_output_is_no_compiler(monkeypatch):
+    class OldNvrtc(FakeNvrtc):
+        def __getattribute__(self, name):
+            if name == "getCUBIN":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+    cupy_nvrtc(monkeypatch, OldNvrtc())
+    assert compilers.runtime_compiler("nvrtc") is None
+
+
+def test_an_nvcc_backend_builds_with_the_nvcc_found(tmp_path, monkeypatch):
+    nvcc = write_fake_nvcc(tmp_path, b"")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    comp = compilers.runtime_compiler("nvcc")
+    assert (comp.kind, comp.toolchain) == ("nvcc", "nvcc: Cuda compilation tools, release 12.6, V12.6.68")
+    assert comp.build is not None and nvcc.exists()
+    hide_nvcc(monkeypatch, tmp_path)
+    assert compilers.runtime_compiler("nvcc") is None and compilers.runtime_compiler(None) is None
+
+
+# ---- the CuPy backend over a fake CuPy: it loads what the NVRTC compiler builds ---------------------------------------
+def test_cupy_backend_loads_the_cubins_nvrtc_builds(tmp_path):
     nv = FakeNvrtc()
-    be = fake_cupy_backend(nv)
-    assert be.toolchain() == "nvrtc 12.6"
-    cubin = be.compile_cubin(module_source(KEYS), "seed-unet.cu", nvrtc_options(87), 87)
+    comp = compilers.nvrtc_compiler(nv)                  # what runtime_compiler("nvrtc") makes of cupy.cuda.nvrtc
+    assert (comp.kind, comp.toolchain) == ("nvrtc", "nvrtc 12.6") and comp.targets(87)
+    cubin = comp.build(module_source(KEYS), "seed-unet.cu", nvrtc_options(87), 87)
     assert cubins.elf_arch(cubin) == 87 and nv.destroyed == 1
     assert [o for o in nv.calls[0] if "arch" in o] == ["--gpu-architecture=sm_87"], "the target named once"
+    be = fake_cupy_backend()
+    assert be.compiler == "nvrtc" and not hasattr(be, "compile_cubin") and not hasattr(be, "toolchain")
     path = tmp_path / "m.cubin"
     path.write_bytes(cubin)
     mod = be.load_cubin(path, [k.symbol for k in KEYS])
     assert mod.get("final_conv_f32").symbol == "final_conv_f32"
     with pytest.raises(KernelCompileError, match="named symbol not found"):
         mod.get("nope")
-    assert fake_cupy_backend(FakeNvrtc(archs=(75, 80))).compile_cubin("x", "s.cu", (), 90) is None, \
-        "a GPU newer than this NVRTC: CuPy's own compile path (PTX) instead"
+    cache, syms = cubins.CubinCache(tmp_path / "cache"), sorted(k.symbol for k in KEYS)
+    via = load_module(be, module_source(KEYS), "seed-unet", nvrtc_options(87), syms, 87, cache, comp)
+    assert len(nv.calls) == 2 and via.path == str(next(cache.root.glob("*.cubin")))
+
+
+def test_cupy_backend_compiles_its_own_way_for_a_gpu_newer_than_its_nvrtc(tmp_path):
+    """A GPU newer than this NVRTC: no cubin here; CuPy's own compile path (RawModule(code=...),
+    PTX that the driver finishes) instead."""
+    nv = FakeNvrtc(archs=(75, 80))
+    assert not compilers.nvrtc_compiler(nv).targets(90)
+    be, src, syms = fake_cupy_backend(), module_source(KEYS), sorted(k.symbol for k in KEYS)
+    cache = cubins.CubinCache(tmp_path)
+    mod = load_module(be, src, "seed-unet", nvrtc_options(90), syms, 90, cache, compilers.nvrtc_compiler(nv))
+    assert mod.path is None and mod.options == nvrtc_options(90) and mod._mod.code == src
+    assert nv.calls == [] and not list(tmp_path.iterdir())
+    assert mod.get("final_conv_f32").symbol == "final_conv_f32"
 
 
 def test_nvrtc_errors_carry_the_log_and_unsupported_arch_says_so():

@@ -15,7 +15,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jetson_unet.ops.common import FOLD_ENV, fold_from_env
 from jetson_unet.ops.conv import FOLD_RATIO_MAX, fold_norm, fold_table, fold_weights
 from jetson_unet.ops.conv_halo import ConvGeom, halo_problems
 from jetson_unet.model.reference import gelu
@@ -116,7 +115,6 @@ def test_fold_rule():
     k = key(64, 64, 32, stages=3)
     g, b = np.array([1.0, -0.5, 2.0]), np.array([0.1, 3.0, -1.0])
     assert fold_norm(k, g, b)
-    assert not fold_norm(k, g, b, enabled=False)
     assert not fold_norm(key(64, 64, 32), g, b), "conv_gemm (stages 0) keeps the table"
     assert not fold_norm(key(64, 64, 16, dtype="fp32", stages=3), g, b), "fp32 keeps the table"
     assert not fold_norm(key(32, 256, 32, stages=3, wm=1, wn=4), g, b), "BN > 128: no epilogue prefetch"
@@ -124,8 +122,6 @@ def test_fold_rule():
     big = b.copy()
     big[1] = 0.5 * (FOLD_RATIO_MAX + 1)
     assert not fold_norm(k, g, big), "|gn_b / gn_w| past FOLD_RATIO_MAX"
-    assert fold_from_env({}) and fold_from_env({FOLD_ENV: "1"})
-    assert not fold_from_env({FOLD_ENV: "0"})
 
 
 def test_fold_weights_algebra():

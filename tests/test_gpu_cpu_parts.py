@@ -15,12 +15,12 @@ from fakes import FakeBackend  # noqa: E402
 
 from jetson_unet.paths import kernels_dir  # noqa: E402
 from jetson_unet.model.config import UNetConfig  # noqa: E402
-from jetson_unet.errors import ArenaError, ConfigError  # noqa: E402
-from jetson_unet.ops.common import DW_TC_ENV, SMEM_LIMIT, cdiv, dw_tc_from_env, from_device, k_residual, to_device
+from jetson_unet.errors import ArenaError  # noqa: E402
+from jetson_unet.ops import dwconv as dwconv_module
+from jetson_unet.ops.common import SMEM_LIMIT, cdiv, from_device, k_residual, to_device
 from jetson_unet.ops.conv import fold_weights, pack_gemm
 from jetson_unet.ops.conv_halo import HALO_SMEM_LIMIT
-from jetson_unet.ops.dwconv import DW_TC_TILE, dwconv_cp, dwconv_tc, dwconv_tc_cpw, pack_dw_tc
-from jetson_unet.ops.io import init_tc
+from jetson_unet.ops.dwconv import DW_TC_TILE, dwconv_cp, dwconv_tc_cpw, pack_dw_tc
 from jetson_unet.ops.specs import kernel_kind
 from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
 from jetson_unet.model.plan import CAT, CONV, Op  # noqa: E402
@@ -48,13 +48,19 @@ MACRO = {"gemm": "CONV_PARAMS", "gate": "CONV_PARAMS", "dwconv": "DW_PARAMS", "i
 KIND = {np.uint64: "p", np.int32: "i", np.float32: "f"}
 
 
+def ffma_depthwise(monkeypatch) -> None:
+    """Every depthwise conv on the FFMA kernel (by default dwconv_tc takes the 16-bit maps of 16+ rows)."""
+    monkeypatch.setattr(dwconv_module, "dwconv_tc", lambda *a, **k: False)
+
+
 @pytest.mark.parametrize("dw_tc", ["0", "1"], ids=["dw-ffma", "dw-tc"])
 @pytest.mark.parametrize("cfg", [UNetConfig(), ODD], ids=["default", "odd"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_launch_arguments_match_kernel_parameters(cfg, precision, dw_tc, monkeypatch):
     if precision == "fp32" and dw_tc == "1":
         pytest.skip("fp32 has no tensor-core depthwise conv: the same module as dw-ffma")
-    monkeypatch.setenv(DW_TC_ENV, dw_tc)
+    if dw_tc == "0":
+        ffma_depthwise(monkeypatch)
     fb = FakeBackend(sms=8)
     ex = GpuExecutor(W(cfg), precision, batch=3, backend=fb)
     assert ex.launches_per_call == sum(op.kind != CAT for op in ex.plan.ops) < 80
@@ -81,9 +87,9 @@ def test_one_module_serves_every_batch():
 
 
 def test_depthwise_channel_pairs_only_where_the_grid_is_deep(monkeypatch):
-    """dwconv_cp (the FFMA kernel: $JETSON_UNET_DW_TC=0): two channels per thread where the
-    one-channel grid has more CTAs than SMs and the image has 16 rows; never with scalar loads."""
-    monkeypatch.setenv(DW_TC_ENV, "0")
+    """dwconv_cp (the FFMA kernel): two channels per thread where the one-channel grid has more CTAs
+    than SMs and the image has 16 rows; never with scalar loads."""
+    ffma_depthwise(monkeypatch)
 
     def pairs(cfg, batch, sms):
         ex = GpuExecutor(W(cfg), "fp16", batch=batch, backend=FakeBackend(sms=sms))
@@ -99,36 +105,30 @@ def test_depthwise_channel_pairs_only_where_the_grid_is_deep(monkeypatch):
 
 
 def test_depthwise_on_tensor_cores_by_default_and_where_it_applies(monkeypatch):
-    """By default ($JETSON_UNET_DW_TC unset, empty or 1) dwconv_tc puts the 16-bit depthwise convs
-    of images of >= 16 rows on kernels/dwconv.cu dwconv_tc (16 x 16 x 8 CPW tiles, B fragments packed
-    by the host); 8x8 maps, fp32 and $JETSON_UNET_DW_TC=0 keep the FFMA kernel."""
-    def dw(precision, env):
-        monkeypatch.setenv(DW_TC_ENV, env)
+    """dwconv_tc puts the 16-bit depthwise convs of images of >= 16 rows on kernels/dwconv.cu dwconv_tc
+    (16 x 16 x 8 CPW tiles, B fragments packed by the host); 8x8 maps and fp32 keep the FFMA kernel."""
+    def dw(precision):
         ex = GpuExecutor(W(UNetConfig()), precision, batch=16, backend=FakeBackend(sms=132))
         writer = {op.out: op for op in ex.plan.ops}
         return ex, {s.op.out: (s, L) for s, L in zip(ex.specs, ex.launches) if s.op.out.endswith(".ds_conv")}, writer
 
-    for env in ("1", ""):
-        ex, got, writer = dw("fp16", env)
-        for name, (spec, L) in got.items():
-            xt = ex.plan.tensors[writer[name].x]
-            if xt.size >= DW_TC_TILE:
-                cpw = dwconv_tc_cpw(xt.size, xt.channels, 16, 132)
-                assert L.fn.symbol == f"dwconv7_f16_tc{cpw}", name
-                assert L.grid == (cdiv(xt.size, 16) ** 2, cdiv(xt.channels, 8 * cpw), 16) and L.block == (256, 1, 1)
-                assert spec.blobs["w"].shape == (xt.channels, 7, 32, 2, 2) and spec.blobs["w"].dtype == np.float16
-            else:
-                assert "_tc" not in L.fn.symbol, name
-        assert {L.fn.symbol for _, L in got.values() if "_tc" in L.fn.symbol} == {"dwconv7_f16_tc4", "dwconv7_f16_tc2", "dwconv7_f16_tc1"}
-    assert any("_tc" in L.fn.symbol for _, L in dw("bf16", "")[1].values())
-    for precision, env in (("fp32", "1"), ("fp32", ""), ("fp16", "0"), ("bf16", "0")):
-        assert not any("_tc" in L.fn.symbol for _, L in dw(precision, env)[1].values()), (precision, env)
+    ex, got, writer = dw("fp16")
+    for name, (spec, L) in got.items():
+        xt = ex.plan.tensors[writer[name].x]
+        if xt.size >= DW_TC_TILE:
+            cpw = dwconv_tc_cpw(xt.size, xt.channels, 16, 132)
+            assert L.fn.symbol == f"dwconv7_f16_tc{cpw}", name
+            assert L.grid == (cdiv(xt.size, 16) ** 2, cdiv(xt.channels, 8 * cpw), 16) and L.block == (256, 1, 1)
+            assert spec.blobs["w"].shape == (xt.channels, 7, 32, 2, 2) and spec.blobs["w"].dtype == np.float16
+        else:
+            assert "_tc" not in L.fn.symbol, name
+    assert {L.fn.symbol for _, L in got.values() if "_tc" in L.fn.symbol} == {"dwconv7_f16_tc4", "dwconv7_f16_tc2", "dwconv7_f16_tc1"}
+    assert any("_tc" in L.fn.symbol for _, L in dw("bf16")[1].values())
+    assert not any("_tc" in L.fn.symbol for _, L in dw("fp32")[1].values())
     # channels per warp: 4 where that grid has a CTA per SM, else 2, else 1
     assert dwconv_tc_cpw(64, 32, 16, 132) == 4 and dwconv_tc_cpw(32, 64, 16, 132) == 2
     assert dwconv_tc_cpw(16, 128, 16, 132) == 1 and dwconv_tc_cpw(64, 32, 1, 132) == 1
     assert dwconv_tc_cpw(64, 32, 1, 8) == 4   # the Orin Nano's 8 SMs
-    with pytest.raises(ConfigError, match="JETSON_UNET_DW_TC"):
-        dw_tc_from_env({DW_TC_ENV: "yes"})
 
 
 def test_packed_depthwise_fragments_are_the_toeplitz_rows():

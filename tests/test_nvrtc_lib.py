@@ -1,4 +1,4 @@
-"""A libnvrtc.so through ctypes (runtime/gpu/nvrtc_lib.py) and which NVRTC `--prepare` uses per arch:
+"""A libnvrtc.so through ctypes (jetson_unet.build.nvrtc_lib) and which NVRTC `--prepare` uses per arch:
 --nvrtc / $JETSON_UNET_NVRTC for every arch, else CuPy's with the pip NVRTC (nvidia-cuda-nvrtc-cu11 /
 -cu12) for an arch CuPy's cannot target (CUDA 13 and sm_72), said in one line; without CuPy the pip
 NVRTC. Unit tests over fake bindings; then, where a CUDA 11/12 NVRTC is installed ($JETSON_UNET_NVRTC
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
-from cubin_fakes import FakeNvrtc, write_fake_nvcc  # noqa: E402
+from cubin_fakes import FakeNvrtc, hide_nvcc, write_fake_nvcc  # noqa: E402
 
 from jetson_unet import cli  # noqa: E402
 from jetson_unet.model.config import UNetConfig  # noqa: E402
@@ -119,11 +119,11 @@ def test_without_cupy_the_pip_nvrtc_is_used_before_nvcc(pip_nvrtc, tmp_path, mon
     assert aot.pick_compiler("nvcc", nvcc=nvcc).kind == "nvcc"
 
 
-def test_without_cupy_or_pip_nvrtc_the_messages_name_the_package(no_pip_nvrtc, monkeypatch):
+def test_without_cupy_or_pip_nvrtc_the_messages_name_the_package(no_pip_nvrtc, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(UsageError, match="nvidia-cuda-nvrtc-cu11"):
         aot.pick_compiler("nvrtc")
-    monkeypatch.setattr("jetson_unet.backends.pycuda.find_nvcc", lambda: None)
+    hide_nvcc(monkeypatch, tmp_path)
     with pytest.raises(UsageError, match="no CUDA compiler here.*nvidia-cuda-nvrtc-cu11"):
         aot.pick_compiler("auto")
 
@@ -241,7 +241,7 @@ def test_real_nvrtc_errors(real_nvrtc):
 def test_real_fp32_modules_for_sm72(real_nvrtc, tmp_path):
     """Every module the shipped config needs on Xavier (fp32; both boards' SM counts; batches 1, 4,
     16): a CUDA ELF whose e_flags name sm_72, holding every kernel; fp16/bf16 refused in one line."""
-    comp = aot.nvrtc_compiler(real_nvrtc)
+    comp = compilers.nvrtc_compiler(real_nvrtc)
     cache, lines = cubins.CubinCache(tmp_path), []
     fails = aot.prepare(W(UNetConfig()), aot.parse_targets(["72"]), ["fp16", "fp32", "bf16"], [1, 4, 16],
                         comp, cache, lines.append)

@@ -1,6 +1,7 @@
-"""CPU-only checks of the pycuda backend: NVRTC -> nvcc option translation, the cubin cache, compiler
-errors, one-line errors when pycuda / its driver / a GPU / nvcc is missing, and the adapter driven
-through the GPU executor over a fake `pycuda` (launch arguments, streams, per-thread context)."""
+"""CPU-only checks of the pycuda backend and its nvcc: NVRTC -> nvcc option translation, nvcc
+discovery, nvcc's errors (jetson_unet.build.compilers), one-line errors when pycuda / its driver / a
+GPU / nvcc is missing, and the adapter driven through the GPU executor over a fake `pycuda` (its
+module from the one cubin cache, launch arguments, streams, per-thread context)."""
 from __future__ import annotations
 
 import os
@@ -13,22 +14,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jetson_unet.model.config import UNetConfig
-from jetson_unet import backends as backend_mod  # noqa: E402
-from jetson_unet.errors import BackendUnavailable, KernelCompileError
-from jetson_unet.backends import BACKENDS, _CACHE, get_backend, gpu_available
-from jetson_unet.backends import pycuda as bp
-from jetson_unet.executor.executor import GpuExecutor
-from jetson_unet.build.loader import KernelSet
-from jetson_unet.build.sources import nvrtc_options
-from jetson_unet.model.weights import random_params
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from cubin_fakes import fake_compiler, write_fake_nvcc  # noqa: E402
+
+from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.errors import BackendUnavailable, KernelCompileError  # noqa: E402
+from jetson_unet.backends import BACKENDS, _CACHE, get_backend, gpu_available  # noqa: E402
+from jetson_unet.backends import pycuda as bp  # noqa: E402
+from jetson_unet.build import cache as cubins  # noqa: E402
+from jetson_unet.build import compilers  # noqa: E402
+from jetson_unet.executor.executor import GpuExecutor  # noqa: E402
+from jetson_unet.build.loader import KernelSet  # noqa: E402
+from jetson_unet.build.sources import nvrtc_options  # noqa: E402
+from jetson_unet.model.weights import random_params  # noqa: E402
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
+NVCC_TOOLCHAIN = "nvcc: Cuda compilation tools, release 12.6, V12.6.68"
 
 
-# ---- option translation, nvcc discovery, cache ------------------------------------------------------------
+# ---- option translation, nvcc discovery, nvcc's errors (jetson_unet.build.compilers) -------------------------------
 def test_nvrtc_options_of_the_kernel_loader_translate(tmp_path):
-    nv = bp.nvcc_args(nvrtc_options(87, tmp_path))
+    nv = compilers.nvcc_args(nvrtc_options(87, tmp_path))
     assert nv.arch == "sm_87"
     assert nv.include_dirs[0] == str(tmp_path)
     assert "-std=c++17" in nv.options and not any(o.startswith(("-I", "--gpu-arch")) for o in nv.options)
@@ -41,7 +47,7 @@ def test_nvrtc_options_of_the_kernel_loader_translate(tmp_path):
     (("--gpu-architecture", "sm_72", "-I", "/c", "-I/c", "--fmad=false"), "sm_72", ("/c",), ("--fmad=false",)),
 ])
 def test_option_spellings(opts, arch, incs, rest):
-    assert bp.nvcc_args(opts) == bp.NvccArgs(arch, incs, rest)
+    assert compilers.nvcc_args(opts) == compilers.NvccArgs(arch, incs, rest)
 
 
 @pytest.mark.parametrize("opts, words", [
@@ -51,7 +57,7 @@ def test_option_spellings(opts, arch, incs, rest):
 ])
 def test_option_errors_are_compile_errors(opts, words):
     with pytest.raises(KernelCompileError, match=words) as ei:
-        bp.nvcc_args(opts, "seed-unet.cu")
+        compilers.nvcc_args(opts, "seed-unet.cu")
     assert ei.value.source == "seed-unet.cu"
 
 
@@ -65,69 +71,21 @@ def _exe(path: Path) -> Path:
 def test_find_nvcc_path_then_roots(tmp_path, monkeypatch):
     on_path = _exe(tmp_path / "p" / "nvcc")
     root = _exe(tmp_path / "root" / "bin" / "nvcc")
-    assert bp.find_nvcc({"PATH": str(on_path.parent), "CUDA_ROOT": str(tmp_path / "root")}) == str(on_path)
-    assert bp.find_nvcc({"PATH": str(tmp_path), "CUDA_HOME": str(tmp_path / "root")}) == str(root)
-    monkeypatch.setattr(bp, "CUDA_ROOTS", ())
-    assert bp.find_nvcc({"PATH": str(tmp_path)}) is None
-
-
-def test_cache_dir_environment():
-    assert bp.cache_dir({"JETSON_UNET_CACHE": "/x"}) == Path("/x/pycuda")
-    assert bp.cache_dir({"XDG_CACHE_HOME": "/y"}) == Path("/y/jetson-unet/pycuda")
-    assert bp.cache_dir({}).parts[-3:] == (".cache", "jetson-unet", "pycuda")
-
-
-class FakeCompileError(Exception):
-    def __init__(self, msg, command_line, stdout=None, stderr=None):
-        super().__init__(msg)
-        self.command_line, self.stdout, self.stderr = command_line, stdout, stderr
-
-
-class FakeCompiler:
-    def __init__(self, fail=None):
-        self.calls, self.fail = [], fail
-
-    def compile(self, source, **kw):
-        self.calls.append((source, kw))
-        if self.fail is not None:
-            raise self.fail
-        return b"CUBIN:" + source.encode()
-
-
-def test_build_cubin_caches_by_text_options_and_nvcc(tmp_path):
-    nv = bp.nvcc_args(("-arch=sm_87", "-std=c++17", "-I/k"))
-    comp = FakeCompiler()
-    build = lambda src, nv=nv, ver="13.0": bp.build_cubin(comp, FakeCompileError, src, "s.cu", nv, "nvcc",  # noqa: E731
-                                                          tmp_path, ver)
-    assert build("A") == b"CUBIN:A" and build("A") == b"CUBIN:A"
-    assert len(comp.calls) == 1                          # the second came from the disk cache
-    _, kw = comp.calls[0]
-    assert kw["no_extern_c"] and kw["arch"] == "sm_87" and kw["include_dirs"] == ["/k"]
-    assert kw["options"] == ["-std=c++17"] and kw["cache_dir"] is False
-    build("B")
-    build("A", ver="12.6")
-    build("A", nv=bp.nvcc_args(("-arch=sm_90", "-std=c++17", "-I/k")))
-    assert len(comp.calls) == 4 and len(list(tmp_path.glob("*.cubin"))) == 4
-    assert not list(tmp_path.glob("*.tmp"))
-
-
-def test_build_cubin_unwritable_cache_still_compiles(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    nv = bp.nvcc_args(("-arch=sm_87",))
-    assert bp.build_cubin(FakeCompiler(), FakeCompileError, "A", "s.cu", nv, "nvcc", blocker / "sub", "v") == b"CUBIN:A"
+    assert compilers.find_nvcc({"PATH": str(on_path.parent), "CUDA_ROOT": str(tmp_path / "root")}) == str(on_path)
+    assert compilers.find_nvcc({"PATH": str(tmp_path), "CUDA_HOME": str(tmp_path / "root")}) == str(root)
+    monkeypatch.setattr(compilers, "CUDA_ROOTS", ())
+    assert compilers.find_nvcc({"PATH": str(tmp_path)}) is None
 
 
 def test_compiler_log_and_missing_nvcc_become_kernel_compile_errors(tmp_path):
-    nv = bp.nvcc_args(("-arch=sm_87", "-std=c++17"))
-    err = FakeCompileError("nvcc compilation failed", ["nvcc"], stdout="", stderr='kernel.cu(3): error: identifier "x" is undefined')
+    nvcc = str(write_fake_nvcc(tmp_path, b""))
+    opts = ("--gpu-architecture=sm_87", "-std=c++17")
     with pytest.raises(KernelCompileError) as ei:
-        bp.build_cubin(FakeCompiler(err), FakeCompileError, "A", "seed-unet.cu", nv, "nvcc", None, "v")
-    assert 'identifier "x" is undefined' in ei.value.log and ei.value.source == "seed-unet.cu"
-    assert "-std=c++17" in ei.value.options and "sm_87" in ei.value.options
+        compilers.nvcc_cubin("BROKEN", "seed-unet.cu", opts, 87, nvcc)
+    assert 'seed-unet.cu(3): error: identifier "x" is undefined' in ei.value.log and ei.value.source == "seed-unet.cu"
+    assert "-std=c++17" in ei.value.options and "-arch=sm_87" in ei.value.options
     with pytest.raises(KernelCompileError, match="cannot run /no/nvcc"):
-        bp.build_cubin(FakeCompiler(FileNotFoundError("no such file")), FakeCompileError, "A", "s.cu", nv,
-                       "/no/nvcc", None, "v")
+        compilers.nvcc_cubin("A", "s.cu", opts, 87, "/no/nvcc")
 
 
 # ---- one-line errors when something is missing ------------------------------------------------------------
@@ -152,14 +110,6 @@ def test_pycuda_without_driver(monkeypatch, fresh_backends):
         get_backend("pycuda")
 
 
-def test_pycuda_without_its_dependencies(monkeypatch, fresh_backends):
-    monkeypatch.setitem(sys.modules, "pycuda", types.ModuleType("pycuda"))
-    monkeypatch.setitem(sys.modules, "pycuda.driver", types.ModuleType("pycuda.driver"))
-    monkeypatch.setitem(sys.modules, "pycuda.compiler", None)   # as when pytools is missing
-    with pytest.raises(BackendUnavailable, match="pytools"):
-        get_backend("pycuda")
-
-
 # ---- a fake pycuda: the adapter through the executor, without a GPU ------------------------------------------
 class FakeError(Exception):
     pass
@@ -175,7 +125,7 @@ class FakeCtx:
 
 def fake_pycuda(log, gpus=1):
     drv = types.ModuleType("pycuda.driver")
-    drv.Error, drv.LogicError, drv.CompileError = FakeError, FakeError, FakeCompileError
+    drv.Error, drv.LogicError = FakeError, FakeError
     ctx = FakeCtx(log)
 
     class Device:
@@ -227,7 +177,21 @@ def fake_pycuda(log, gpus=1):
             log.append(("launch", self.name, args, kw, threading.get_ident()))
 
     class Module:
-        get_function = lambda self, name: Func(name)  # noqa: E731
+        def __init__(self, path):
+            self.data = Path(path).read_bytes()
+
+        def get_function(self, name):
+            if b".text." + name.encode() + b"\0" not in self.data:
+                raise FakeError(f"cuModuleGetFunction failed: named symbol not found ({name})")
+            return Func(name)
+
+    def module_from_file(path):
+        """cuModuleLoad: only a CUDA ELF of this GPU's arch (as the driver)."""
+        data = Path(path).read_bytes()
+        if cubins.check_cubin(data, 87) is not None:
+            raise FakeError("cuModuleLoad failed: device kernel image is invalid")
+        log.append(("load", str(path)))
+        return Module(path)
 
     next_ptr = [1 << 32]
 
@@ -240,24 +204,32 @@ def fake_pycuda(log, gpus=1):
     drv.pagelocked_empty = lambda shape, dtype: np.asarray(HostAllocation(shape, dtype))
     drv.memcpy_htod_async = lambda dst, src, s: log.append(("h2d", dst, src.nbytes, s))
     drv.memcpy_dtoh_async = lambda dst, src, s: log.append(("d2h", src, dst.nbytes, s))
-    drv.module_from_buffer = lambda cubin: (log.append(("load", len(cubin))), Module())[1]
+    drv.module_from_file = module_from_file
     drv.event_flags = types.SimpleNamespace(DISABLE_TIMING=2)
     drv.device_attribute = types.SimpleNamespace(MULTIPROCESSOR_COUNT=16, INTEGRATED=17)
     drv.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
-    comp = types.ModuleType("pycuda.compiler")
-    comp.compile = FakeCompiler().compile
     pkg = types.ModuleType("pycuda")
-    pkg.driver, pkg.compiler, pkg.VERSION_TEXT = drv, comp, "fake"
-    return {"pycuda": pkg, "pycuda.driver": drv, "pycuda.compiler": comp}
+    pkg.driver, pkg.VERSION_TEXT = drv, "fake"
+    # pycuda.compiler (and pytools behind it) is never imported: nvcc runs in jetson_unet.build
+    return {"pycuda": pkg, "pycuda.driver": drv, "pycuda.compiler": None}
 
 
 @pytest.fixture
-def fake_backend(monkeypatch, tmp_path):
+def nvcc_builds(monkeypatch):
+    """The nvcc the loader finds (jetson_unet.build.compilers.runtime_compiler("nvcc")): a fake
+    Compiler of kind "nvcc"; the list gets (arch, source name) per build."""
+    builds = []
+    monkeypatch.setattr(compilers, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(compilers, "nvcc_compiler",
+                        lambda nvcc: fake_compiler(builds, toolchain=NVCC_TOOLCHAIN, kind="nvcc"))
+    return builds
+
+
+@pytest.fixture
+def fake_backend(monkeypatch, tmp_path, nvcc_builds):
     log = []
     for name, mod in fake_pycuda(log).items():
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(bp, "find_nvcc", lambda: "/fake/nvcc")
-    monkeypatch.setattr(bp.PycudaBackend, "nvcc_version", lambda self: "fake nvcc")
     monkeypatch.setattr(bp.atexit, "register", lambda fn: None)
     monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path))
     monkeypatch.setattr(KernelSet, "_cache", {})
@@ -273,7 +245,7 @@ def test_executor_over_fake_pycuda(fake_backend):
     be, log = fake_backend
     assert (be.arch(), be.sm_count(), be.device_name()) == (87, 8, "Fake GPU")
     ex = GpuExecutor(W(TINY), "fp16", batch=2, backend=be)
-    assert any(e[0] == "load" for e in log) and list(Path(os.environ["JETSON_UNET_CACHE"]).rglob("*.cubin"))
+    assert any(e[0] == "load" for e in log)
     del log[:]
     ex.run(ex.stream)
     launches = [e for e in log if e[0] == "launch"]
@@ -354,10 +326,39 @@ def test_events_streams_and_capture(fake_backend):
         be.capture_begin(s)
 
 
-def test_no_gpu_or_no_nvcc_are_one_line_errors(monkeypatch, fake_backend):
-    monkeypatch.setattr(bp, "find_nvcc", lambda: None)
-    with pytest.raises(BackendUnavailable, match="nvcc"):
-        bp.PycudaBackend()
+def test_the_module_comes_from_the_one_cubin_cache(fake_backend, nvcc_builds, monkeypatch):
+    """pycuda builds nothing itself: the loader builds the cubin with nvcc (here a fake nvcc
+    Compiler) into the cubin cache both backends share, and the backend loads that file
+    (module_from_file); a later process finds it there and needs no nvcc."""
+    be, log = fake_backend
+    assert be.compiler == "nvcc"
+    ex = GpuExecutor(W(TINY), "fp16", batch=2, backend=be)
+    [cub] = list(cubins.cache_dir().glob("*.cubin"))
+    assert cub.parent == Path(os.environ["JETSON_UNET_CACHE"]) / "cubins" / "v1"
+    assert nvcc_builds == [(87, "seed-unet.cu")] and [e for e in log if e[0] == "load"] == [("load", str(cub))]
+    entry, = cubins.CubinCache().find(ex.kernels.source, ex.kernels.options, 87, NVCC_TOOLCHAIN, ex.kernels.symbols)
+    assert entry.cubin == cub and entry.toolchain == NVCC_TOOLCHAIN
+    ex.close()
+    KernelSet._cache.clear()                              # a new process, as far as the modules in memory go
+    monkeypatch.setattr(compilers, "find_nvcc", lambda: None)
+    with GpuExecutor(W(TINY), "fp16", batch=2, backend=bp.PycudaBackend()) as again:
+        assert again.kernels.symbols == ex.kernels.symbols
+    assert len(nvcc_builds) == 1 and [e for e in log if e[0] == "load"] == [("load", str(cub))] * 2
+
+
+def test_no_nvcc_and_no_cached_cubin_is_a_one_line_compile_error(fake_backend, monkeypatch):
+    """No nvcc is needed to make the backend (only where a module must be built): the loader then
+    falls to PycudaBackend.compile_source, which names nvcc and --prepare in one line."""
+    monkeypatch.setattr(compilers, "find_nvcc", lambda: None)
+    be = bp.PycudaBackend()
+    with pytest.raises(KernelCompileError) as ei:
+        GpuExecutor(W(TINY), "fp32", batch=1, backend=be)
+    assert ei.value.log == bp.NO_NVCC and "\n" not in ei.value.log
+    assert "no nvcc" in ei.value.log and "jetson-sample --prepare" in ei.value.log
+    assert not list(cubins.cache_dir().glob("*.cubin"))
+
+
+def test_no_gpu_is_a_one_line_error(monkeypatch, fake_backend):
     log = []
     for name, mod in fake_pycuda(log, gpus=0).items():
         monkeypatch.setitem(sys.modules, name, mod)
@@ -365,19 +366,27 @@ def test_no_gpu_or_no_nvcc_are_one_line_errors(monkeypatch, fake_backend):
         bp.PycudaBackend()
 
 
+def test_pycuda_compiler_is_not_needed(fake_backend):
+    """Only pycuda.driver is imported (the fake maps pycuda.compiler to None, as when pytools is
+    missing): the backend works without it."""
+    be, _ = fake_backend
+    assert sys.modules["pycuda.compiler"] is None and be.arch() == 87
+
+
 @pytest.mark.slow
 def test_real_kernels_compile_with_nvcc(tmp_path):
-    """Where pycuda and nvcc are installed (no GPU needed): the kernel loader's source, for sm_87."""
-    pytest.importorskip("pycuda.compiler")
-    nvcc = bp.find_nvcc()
+    """Where nvcc is installed (no GPU or pycuda needed): the kernel loader's source, for sm_87,
+    built by the Compiler the pycuda backend's loader uses."""
+    nvcc = compilers.find_nvcc()
     if nvcc is None:
         pytest.skip("no nvcc")
-    import pycuda.compiler
-    import pycuda.driver
+    if 87 not in (compilers.nvcc_archs(nvcc) or (87,)):
+        pytest.skip(f"{nvcc} cannot target sm_87")
     from jetson_unet.ops.keys import SimpleKey
     from jetson_unet.build.sources import module_source
     keys = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "bf16")]
-    nv = bp.nvcc_args(nvrtc_options(87))
-    cubin = bp.build_cubin(pycuda.compiler, pycuda.driver.CompileError, module_source(keys), "t.cu", nv, nvcc,
-                           tmp_path, "v")
+    comp = compilers.nvcc_compiler(nvcc)
+    assert comp.kind == "nvcc" and comp.toolchain.startswith("nvcc: ")
+    cubin = comp.build(module_source(keys), "t.cu", nvrtc_options(87), 87)
     assert cubin[:4] == b"\x7fELF" and b"dwconv7_f16" in cubin and b"final_conv_bf16" in cubin
+    assert cubins.check_cubin(cubin, 87, [k.symbol for k in keys]) is None

@@ -1,19 +1,18 @@
-"""GPU backends behind one interface (jetson_unet.backends.base): CuPy first, pycuda for images
-without CuPy.
-"""
+"""GPU backends behind one interface (jetson_unet.backends.base.Backend): CuPy first, pycuda for
+images without CuPy. One backend object of each kind per process."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
+from jetson_unet.backends.base import Backend
 from jetson_unet.backends.cupy import CupyBackend
 from jetson_unet.errors import BackendUnavailable
 
-
 BACKENDS = ("cupy", "pycuda")
-_CACHE: Dict[str, Any] = {}
+_CACHE: Dict[str, Backend] = {}
 
 
-def get_backend(name: str = "cupy") -> Any:
+def get_backend(name: str = "cupy") -> Backend:
     """The process-wide backend of that name (raises BackendUnavailable with one clear line)."""
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown GPU backend {name!r} (choose from {', '.join(BACKENDS)})")

@@ -4,12 +4,10 @@ anything enqueued through it can be captured in a CUDA graph.
 from __future__ import annotations
 
 import numpy as np
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from jetson_unet.backends.base import DeviceBuffer
 from jetson_unet.errors import BackendUnavailable, KernelCompileError
-from jetson_unet.executor import launch_ex
-from jetson_unet.build.compilers import nvrtc_archs, nvrtc_cubin, nvrtc_toolchain
 
 
 class CupyFunction:
@@ -26,12 +24,6 @@ class CupyFunction:
                shared_mem: int = 0, stream: Any = None) -> None:
         self._kern(grid, block, args, shared_mem=shared_mem, stream=stream)
 
-    def launch_pdl(self, grid: Tuple[int, ...], block: Tuple[int, ...], params: Any, shared_mem: int,
-                   stream: Any) -> None:
-        """A launch that may start while the stream's previous kernel runs (jetson_unet.executor.launch_ex;
-        sm_90+, a module built with JETSON_UNET_PDL). params: a launch_ex.Params of the arguments."""
-        launch_ex.driver().launch(int(self._kern.kernel.ptr), tuple(int(g) for g in grid),
-                                  tuple(int(b) for b in block), params, int(shared_mem), int(stream.ptr), self.symbol)
 
 
 class CupyModule:
@@ -60,6 +52,8 @@ class CupyModule:
 
 class CupyBackend:
     name = "cupy"
+    supports_graphs = True
+    compiler = "nvrtc"   # CuPy's NVRTC binding (jetson_unet.build.compilers)
 
     def __init__(self, device: int = 0) -> None:
         try:
@@ -93,14 +87,6 @@ class CupyBackend:
         free, total = self.rt.memGetInfo()
         return int(free), int(total)
 
-    def supports_pdl(self) -> bool:
-        """Whether CupyFunction.launch_pdl can run here: sm_90+ (jetson_unet.executor.launch_ex). Loads the
-        driver's cuLaunchKernelEx now, so a driver without it is one clear line before any work."""
-        if self.arch() < launch_ex.MIN_ARCH:
-            return False
-        launch_ex.driver()
-        return True
-
     def integrated(self) -> bool:
         """True on a GPU that shares the CPU's DRAM (every Jetson): pinned host memory then counts
         against the same free memory as device allocations."""
@@ -125,12 +111,6 @@ class CupyBackend:
         self.rt.memcpyAsync(host.ctypes.data, int(src_ptr), host.nbytes,
                             self.rt.memcpyDeviceToHost, stream.ptr)
 
-    def d2d(self, dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
-        self.rt.memcpyAsync(int(dst_ptr), int(src_ptr), int(nbytes), self.rt.memcpyDeviceToDevice, stream.ptr)
-
-    def memset(self, ptr: int, byte: int, nbytes: int, stream: Any) -> None:
-        self.rt.memsetAsync(int(ptr), int(byte), int(nbytes), stream.ptr)
-
     # -- streams, events, graphs -----------------------------------------------------------
     def stream(self) -> Any:
         return self.cp.cuda.Stream(non_blocking=True)
@@ -140,12 +120,6 @@ class CupyBackend:
 
     def wait(self, stream: Any, event: "CupyEvent") -> None:
         stream.wait_event(event.raw)
-
-    def host_func(self, stream: Any, fn: Callable[[Any], None], arg: Any = None) -> None:
-        stream.launch_host_func(fn, arg)
-
-    def synchronize(self) -> None:
-        self.device.synchronize()
 
     def nvtx_push(self, name: str) -> None:
         """A named host range for Nsight Systems (a no-op where CuPy has no NVTX)."""
@@ -167,30 +141,15 @@ class CupyBackend:
         return stream.end_capture()   # a cupy.cuda.graph.Graph: .launch(stream)
 
     # -- kernels --------------------------------------------------------------------------
-    def compile(self, source: str, source_name: str, options: Tuple[str, ...],
-                symbols: Sequence[str] = ()) -> CupyModule:
+    def compile_source(self, source: str, source_name: str, options: Tuple[str, ...],
+                       symbols: Sequence[str] = ()) -> CupyModule:
+        """CuPy's own NVRTC path (RawModule(code=...), its disk cache), where no cubin can be built
+        here: a CuPy whose binding has no cubin output, or a GPU newer than its NVRTC (CuPy then
+        builds PTX for the driver to finish)."""
         mod = CupyModule(self.cp, source, source_name, tuple(options))
         for s in symbols:   # compile and load now, never during a capture
             mod.get(s)
         return mod
-
-    def toolchain(self) -> Optional[str]:
-        """`nvrtc X.Y` (what compile_cubin builds with; part of the cubin cache key), None when
-        this CuPy's NVRTC binding cannot say (then the kernels go through `compile`)."""
-        try:
-            return nvrtc_toolchain(self.cp.cuda.nvrtc)
-        except Exception:
-            return None
-
-    def compile_cubin(self, source: str, source_name: str, options: Tuple[str, ...], arch: int) -> Optional[bytes]:
-        """NVRTC -> cubin bytes for sm_<arch> (kernels.load_module caches and loads them); None when
-        this CuPy's binding has no cubin output or its NVRTC cannot target the arch: the caller then
-        uses `compile`, where CuPy falls back to PTX for a GPU newer than its NVRTC."""
-        nv = self.cp.cuda.nvrtc
-        archs = nvrtc_archs(nv)
-        if not hasattr(nv, "getCUBIN") or (archs is not None and int(arch) not in archs):
-            return None
-        return nvrtc_cubin(source, source_name, options, arch, nv)
 
     def load_cubin(self, path: Any, symbols: Sequence[str] = ()) -> CupyModule:
         """Load a cubin file (cupy.RawModule(path=...)) and fetch every symbol now."""

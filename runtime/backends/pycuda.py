@@ -9,124 +9,26 @@ backend object that made them. pycuda keeps a per-thread context stack and abort
 a thread exits with a context still pushed; so the main thread keeps the context pushed (popped at
 exit, as autoprimaryctx does) and any other thread pushes it for the length of each call.
 
-Kernels: nvcc (pycuda's `compiler.compile`, the body of `SourceModule`) on the one source text of
-kernels.KernelSet, with the NVRTC options translated (`nvcc_args`). The cubin is cached on disk
-under $JETSON_UNET_CACHE/pycuda (default ~/.cache/jetson-unet/pycuda), keyed by source text,
-options and `nvcc --version`: pycuda's own cache runs `nvcc --preprocess` on every lookup of a
-source with an #include (ours has), which costs a second per module even on a hit.
+Kernels: cubins from the one cubin cache of jetson_unet.build (made by nvcc on this machine, or ahead
+of time by `jetson-sample --prepare` anywhere), loaded with `module_from_file`. No nvcc is needed
+where the cache already holds the modules.
 """
 from __future__ import annotations
 
 import atexit
-import ctypes
-import hashlib
-import itertools
-import os
-import shutil
-import subprocess
 import threading
-from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from jetson_unet.errors import BackendUnavailable, KernelCompileError
-from jetson_unet.files import atomic_open
 from jetson_unet.backends.base import DeviceBuffer
 
 NO_GRAPHS = "pycuda has no CUDA-graph capture API; use graphs=False (jetson-sample --no-graphs)"
-CUDA_ROOTS = ("/usr/local/cuda",)   # where JetPack and the x86 installers put the toolkit
+NO_NVCC = ("no cached cubin for these kernels and no nvcc to build one (on PATH, $CUDA_ROOT/bin or "
+           "/usr/local/cuda/bin; JetPack: export PATH=/usr/local/cuda/bin:$PATH), or build them anywhere "
+           "with `jetson-sample --prepare` and copy the cache")
 NON_BLOCKING = 1          # CU_STREAM_NON_BLOCKING (pycuda exposes no enum for stream flags)
-NVRTC_ONLY = ("-default-device", "--device-as-default-execution-space", "-pch", "--pch", "--create-pch",
-              "--use-pch", "--pch-dir", "--minimal", "-no-source-include", "--no-source-include")
-
-
-# ---- pure helpers (tested without a GPU) ------------------------------------------------------------
-class NvccArgs(NamedTuple):
-    arch: str                        # "sm_87": pycuda passes it as `-arch sm_87`
-    include_dirs: Tuple[str, ...]
-    options: Tuple[str, ...]         # everything else, spelled the same for nvcc and NVRTC
-
-    def command_options(self) -> Tuple[str, ...]:
-        """What nvcc finally sees (less pycuda's own include dir): the cache key and error text."""
-        return self.options + ("-arch", self.arch) + tuple("-I" + d for d in self.include_dirs)
-
-
-def nvcc_args(options: Sequence[str], source_name: str = "kernels") -> NvccArgs:
-    """NVRTC options (kernels.nvrtc_options) -> nvcc's: the target becomes `arch`, include paths
-    become include_dirs; -std, -D, -U, --use_fast_math, --fmad, -lineinfo, --maxrregcount and the
-    like are spelled the same by both. A virtual target (compute_XX) becomes sm_XX: we build cubins."""
-    arch, incs, rest = None, [], []
-    it = iter(options)
-    for opt in it:
-        if opt in ("-arch", "--gpu-architecture", "-I", "--include-path"):
-            value = next(it, None)
-            if value is None:
-                raise KernelCompileError(source_name, tuple(options), f"option {opt} needs a value")
-            opt = opt + ("=" if opt.startswith("--") or opt == "-arch" else "") + value
-        if opt.startswith(("-arch=", "--gpu-architecture=")):
-            arch = opt.split("=", 1)[1].replace("compute_", "sm_")
-        elif opt.startswith("--include-path="):
-            incs.append(opt.split("=", 1)[1])
-        elif opt.startswith("-I"):
-            incs.append(opt[2:])
-        elif opt.split("=", 1)[0] in NVRTC_ONLY:
-            raise KernelCompileError(source_name, tuple(options), f"{opt} is an NVRTC-only option; nvcc has none like it")
-        else:
-            rest.append(opt)
-    if arch is None:
-        raise KernelCompileError(source_name, tuple(options), "no target (--gpu-architecture=sm_XX) in the options")
-    return NvccArgs(arch, tuple(dict.fromkeys(incs)), tuple(rest))
-
-
-def find_nvcc(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """nvcc on PATH, else under $CUDA_ROOT / $CUDA_HOME / $CUDA_PATH, else /usr/local/cuda/bin."""
-    found = shutil.which("nvcc", path=environ.get("PATH"))
-    if found:
-        return found
-    roots = [environ.get(k) for k in ("CUDA_ROOT", "CUDA_HOME", "CUDA_PATH")] + list(CUDA_ROOTS)
-    for root in roots:
-        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
-            return os.path.join(root, "bin", "nvcc")
-    return None
-
-
-def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    if environ.get("JETSON_UNET_CACHE"):
-        return Path(environ["JETSON_UNET_CACHE"]) / "pycuda"
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "jetson-unet" / "pycuda"
-
-
-def cubin_key(source: str, nv: NvccArgs, nvcc_version: str) -> str:
-    h = hashlib.sha256(source.encode())
-    for part in nv.command_options() + (nvcc_version,):
-        h.update(b"\0" + part.encode())
-    return h.hexdigest()
-
-
-def build_cubin(compiler: Any, compile_error: type, source: str, source_name: str, nv: NvccArgs, nvcc: str,
-                cache: Optional[Path], nvcc_version: str) -> bytes:
-    """Cached cubin, else `compiler.compile` (pycuda.compiler) -> cubin; errors -> KernelCompileError."""
-    path = cache / (cubin_key(source, nv, nvcc_version) + ".cubin") if cache else None
-    if path is not None and path.is_file():
-        return path.read_bytes()
-    try:
-        cubin = compiler.compile(source, nvcc=nvcc, options=list(nv.options), no_extern_c=True, arch=nv.arch,
-                                 include_dirs=list(nv.include_dirs), cache_dir=False)
-    except compile_error as e:
-        log = "\n".join(s for s in (getattr(e, "stderr", None), getattr(e, "stdout", None)) if s) or str(e)
-        raise KernelCompileError(source_name, nv.command_options(), log) from None
-    except OSError as e:   # nvcc missing or not runnable (pytools' ExecError is an OSError)
-        raise KernelCompileError(source_name, nv.command_options(), f"cannot run {nvcc}: {e}") from None
-    if path is not None:
-        try:   # atomic: a concurrent process sees a whole file or none
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_open(path, "wb") as f:
-                f.write(cubin)
-        except OSError:
-            pass   # an unwritable cache only costs a recompile next time
-    return cubin
 
 
 # ---- context handling -----------------------------------------------------------------------------------
@@ -274,7 +176,7 @@ def _raw(stream: Any) -> Any:
     return None if stream is None else stream.raw
 
 
-def _load_pycuda() -> Tuple[Any, Any]:
+def _load_pycuda() -> Any:
     try:
         import pycuda
     except ImportError as e:
@@ -285,21 +187,17 @@ def _load_pycuda() -> Tuple[Any, Any]:
     except ImportError as e:   # typically libcuda.so.1 (the driver) is missing
         raise BackendUnavailable(f"pycuda {getattr(pycuda, 'VERSION_TEXT', '')} is installed but cannot load "
                                  f"the CUDA driver ({e})") from None
-    try:
-        import pycuda.compiler
-    except ImportError as e:
-        raise BackendUnavailable(f"pycuda's compiler cannot be imported ({e}): install its dependencies "
-                                 "(pytools, platformdirs, mako)") from None
-    return pycuda.driver, pycuda.compiler
+    return pycuda.driver
 
 
 # ---- the backend -------------------------------------------------------------------------------------------
 class PycudaBackend:
     name = "pycuda"
     supports_graphs = False
+    compiler = "nvcc"
 
     def __init__(self, device: int = 0) -> None:
-        cuda, compiler = _load_pycuda()
+        cuda = _load_pycuda()
         try:
             cuda.init()
             count = cuda.Device.count()
@@ -309,22 +207,13 @@ class PycudaBackend:
             ctx = self.dev.retain_primary_context()   # what pycuda.autoprimaryctx does, for any device
         except cuda.Error as e:
             raise BackendUnavailable(f"no usable CUDA GPU ({type(e).__name__}: {e})") from None
-        self.nvcc = find_nvcc()
-        if self.nvcc is None:
-            raise BackendUnavailable("pycuda compiles the kernels with nvcc, which is on neither PATH nor "
-                                     "$CUDA_ROOT/bin nor /usr/local/cuda/bin (JetPack: export PATH=/usr/local/cuda/bin:$PATH)")
-        self.cuda, self.compiler, self.ctx = cuda, compiler, ctx
+        self.cuda, self.ctx = cuda, ctx
         resident = None
         if threading.current_thread() is threading.main_thread():
             ctx.push()                   # stays current on the main thread; popped at exit
             resident = threading.get_ident()
             atexit.register(self._release)
         self._active = _Active(ctx, cuda.Context.pop, resident)
-        self._nvcc_version: Optional[str] = None
-        self._host_funcs: Dict[int, Tuple[Callable[[Any], None], Any]] = {}
-        self._host_ids = itertools.count(1)
-        self._trampoline: Any = None
-        self._libcuda: Any = None
 
     def _release(self) -> None:
         try:
@@ -374,14 +263,6 @@ class PycudaBackend:
         with self._active:
             self.cuda.memcpy_dtoh_async(host, int(src_ptr), _raw(stream))
 
-    def d2d(self, dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
-        with self._active:
-            self.cuda.memcpy_dtod_async(int(dst_ptr), int(src_ptr), int(nbytes), _raw(stream))
-
-    def memset(self, ptr: int, byte: int, nbytes: int, stream: Any) -> None:
-        with self._active:
-            self.cuda.memset_d8_async(int(ptr), int(byte), int(nbytes), _raw(stream))
-
     # -- streams, events ----------------------------------------------------------------------
     def stream(self) -> PycudaStream:
         with self._active:
@@ -396,32 +277,6 @@ class PycudaBackend:
         with self._active:
             stream.raw.wait_for_event(event.raw)
 
-    def host_func(self, stream: Any, fn: Callable[[Any], None], arg: Any = None) -> None:
-        """fn(arg) on a driver thread once the stream reaches this point (cuLaunchHostFunc, through
-        ctypes: pycuda does not wrap it). fn must not call CUDA."""
-        if self._trampoline is None:   # one C callback for the backend's life: never freed mid-call
-            lib = ctypes.CDLL("libcuda.so.1")
-            lib.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-            lib.cuLaunchHostFunc.restype = ctypes.c_int
-            self._libcuda = lib
-            self._trampoline = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._run_host_func)
-        key = next(self._host_ids)
-        self._host_funcs[key] = (fn, arg)
-        with self._active:
-            rc = self._libcuda.cuLaunchHostFunc(ctypes.c_void_p(stream.handle if stream is not None else 0),
-                                                ctypes.cast(self._trampoline, ctypes.c_void_p), ctypes.c_void_p(key))
-        if rc != 0:
-            del self._host_funcs[key]
-            raise self.cuda.LogicError(f"cuLaunchHostFunc failed with CUresult {rc}")
-
-    def _run_host_func(self, key: Optional[int]) -> None:
-        fn, arg = self._host_funcs.pop(int(key or 0))
-        fn(arg)
-
-    def synchronize(self) -> None:
-        with self._active:
-            self.cuda.Context.synchronize()
-
     def capture_begin(self, stream: Any) -> None:
         raise BackendUnavailable(NO_GRAPHS)
 
@@ -429,28 +284,25 @@ class PycudaBackend:
         raise BackendUnavailable(NO_GRAPHS)
 
     # -- kernels --------------------------------------------------------------------------
-    def nvcc_version(self) -> str:
-        if self._nvcc_version is None:
-            try:
-                out = subprocess.run([self.nvcc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     check=False).stdout
-                self._nvcc_version = out.decode("utf-8", "replace")
-            except OSError as e:
-                raise KernelCompileError("kernels", (), f"cannot run {self.nvcc} --version: {e}") from None
-        return self._nvcc_version
+    def nvtx_push(self, name: str) -> None:
+        """pycuda has no NVTX binding: a no-op."""
 
-    def compile(self, source: str, source_name: str, options: Tuple[str, ...],
-                symbols: Sequence[str] = ()) -> PycudaModule:
-        nv = nvcc_args(options, source_name)
-        cubin = build_cubin(self.compiler, self.cuda.CompileError, source, source_name, nv, self.nvcc,
-                            cache_dir(), self.nvcc_version())
+    def nvtx_pop(self) -> None:
+        """pycuda has no NVTX binding: a no-op."""
+
+    def load_cubin(self, path: Any, symbols: Sequence[str] = ()) -> PycudaModule:
+        """Load a cubin file (cuModuleLoad) and fetch every symbol now, like the CuPy backend."""
         with self._active:
             try:
-                mod = self.cuda.module_from_buffer(cubin)
+                mod = self.cuda.module_from_file(str(path))
             except self.cuda.Error as e:
-                raise KernelCompileError(source_name, nv.command_options(), f"loading the cubin failed: {e}") from None
-        module = PycudaModule(mod, source_name, nv.command_options(), self)
-        for s in symbols:   # load every function now, like the CuPy backend
+                raise KernelCompileError(str(path), (), f"loading the cubin failed: {e}") from None
+        module = PycudaModule(mod, str(path), (), self)
+        for s in symbols:
             module.get(s)
         return module
 
+    def compile_source(self, source: str, source_name: str, options: Tuple[str, ...],
+                       symbols: Sequence[str] = ()) -> PycudaModule:
+        """pycuda builds nothing itself: its cubins come from nvcc through jetson_unet.build."""
+        raise KernelCompileError(source_name, tuple(options), NO_NVCC)

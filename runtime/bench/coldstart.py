@@ -15,8 +15,7 @@ process is):
     total_s       from the first statement to the image; the phases sum to at most this
     ready_s       weights_s + load_s + first_step_s: time to the first step without the imports
                   (issue 8's goal: < 1 s with `--prepare`d cubins on an H100/H200)
-    compiles      kernel modules compiled (the loader's compile notices); null on pycuda, whose
-                  nvcc cache gives no notice
+    compiles      kernel modules compiled (the loader's compile notices)
 
 Errors print one line on stderr with jetson-sample's exit codes (2 usage/files, 1 mid-run).
 Method and the three cache states: docs/bench.md.
@@ -95,7 +94,7 @@ def measure(args: Any, notes: List[str]) -> Dict[str, Any]:
     rec["ready_s"] = rec["weights_s"] + rec["load_s"] + rec["first_step_s"]   # unrounded: they sum to total_s
     from jetson_unet.build.loader import compile_notice
     prefix = compile_notice(0).split(" for ")[0]   # "compiling GPU kernels"
-    rec.update(compiles=None if backend == "pycuda" else sum(m.startswith(prefix) for m in notes),
+    rec.update(compiles=sum(m.startswith(prefix) for m in notes),
                kernel_notices=list(notes), backend=backend, precision=precision,
                mode=None if backend == "numpy" else mode, batch=args.batch, sampler=args.sampler,
                steps=len(first))

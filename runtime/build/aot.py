@@ -23,9 +23,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.errors import KernelCompileError, UsageError
+from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import CAT, build_plan
 from jetson_unet.build import nvrtc_lib
-from jetson_unet.build.compilers import ArchUnsupported, nvcc_cubin, nvcc_toolchain, nvrtc_archs, nvrtc_cubin, nvrtc_label, nvrtc_module, nvrtc_toolchain
+from jetson_unet.build.compilers import (ArchUnsupported, Compiler, find_nvcc, nvcc_compiler, nvrtc_compiler,
+                                         nvrtc_module, nvrtc_toolchain)
 from jetson_unet.build.cache import CubinCache
 from jetson_unet.build.sources import MIN_TC_ARCH, module_source, nvrtc_options
 from jetson_unet.ops.common import Ctx
@@ -48,35 +50,10 @@ class Target:
     device: Optional[str] = None   # native: this GPU's name, whose tuning files the executor will find
 
 
-@dataclass(frozen=True)
-class Compiler:
-    kind: str                                                   # "nvrtc" | "nvcc"
-    toolchain: str                                              # part of the cache key
-    build: Callable[[str, str, Tuple[str, ...], int], bytes]    # (source, name, options, arch) -> cubin
-    archs: Optional[Tuple[int, ...]] = None                     # what it can target; None: cannot tell
-    label: str = ""                                             # for messages: toolchain and where from
-    fallback: Optional[Callable[[], Optional["Compiler"]]] = None   # for an arch outside `archs`
-
-    @property
-    def name(self) -> str:
-        return self.label or self.toolchain
-
-    def targets(self, arch: int) -> bool:
-        return self.archs is None or int(arch) in self.archs
-
-    def for_arch(self, arch: int) -> "Compiler":
-        """This compiler, or its fallback where only the fallback can target `arch`."""
-        if self.targets(arch) or self.fallback is None:
-            return self
-        other = self.fallback()
-        return other if other is not None and other.archs is not None and other.targets(arch) else self
-
-
 def module_keys(weights: Any, precision: str, batch: int, sms: int,
                 tiles: Optional[Mapping[str, Any]] = None) -> List[Any]:
     """The keys GpuExecutor(weights, precision, batch, tiles=tiles) hands KernelSet on a GPU with
     `sms` SMs (tiles: a tuning file's; None or {}: the built-in tiles)."""
-    from jetson_unet.executor.executor import view_layout  # executor imports kernels; keep this module import-light
     plan = build_plan(weights.config)
     ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=dict(tiles or {}))
     keys = set(all_tile_keys(ctx)) | {op_spec(op, ctx).key for op in plan.ops if op.kind != CAT}
@@ -149,19 +126,11 @@ def pick_compiler(which: str = "auto", nvrtc: Any = None, nvcc: Optional[str] = 
                 raise UsageError(f"NVRTC is not usable here ({type(e).__name__}: {e}); install the CuPy extra "
                                  f"(.[cuda12]), or `{nvrtc_lib.PIP_HINT}`, or use --compiler nvcc") from None
     if nvcc is None:
-        from jetson_unet.backends.pycuda import find_nvcc  # a pure helper; pycuda itself is not imported
         nvcc = find_nvcc()
     if nvcc is None:
         raise UsageError(f"no CUDA compiler here: install CuPy with NVRTC (.[cuda12] / .[cuda11]), or "
                          f"`{nvrtc_lib.PIP_HINT}`, or put nvcc on PATH (JetPack: /usr/local/cuda/bin)")
-    path = nvcc
-    return Compiler("nvcc", nvcc_toolchain(path), lambda s, n, o, a: nvcc_cubin(s, n, o, a, path))
-
-
-def nvrtc_compiler(mod: Any) -> Compiler:
-    """A Compiler over an NVRTC binding (CuPy's or an nvrtc_lib.NvrtcLib)."""
-    return Compiler("nvrtc", nvrtc_toolchain(mod), lambda s, n, o, a: nvrtc_cubin(s, n, o, a, mod),
-                    archs=nvrtc_archs(mod), label=nvrtc_label(mod))
+    return nvcc_compiler(nvcc)
 
 
 def pip_compiler() -> Optional[Compiler]:

@@ -1,5 +1,7 @@
 """Source text -> cubin bytes, with no GPU needed: NVRTC (through CuPy's thin NVRTC binding, or any
-libnvrtc.so through nvrtc_lib.NvrtcLib, which has the same calls) or nvcc.
+libnvrtc.so through nvrtc_lib.NvrtcLib, which has the same calls) or nvcc. A `Compiler` wraps one of
+them for the loader (the backend's `compiler`: `runtime_compiler`) and for `jetson-sample --prepare`
+(jetson_unet.build.aot.pick_compiler).
 
 NVRTC is driven directly (`cupy.cuda.nvrtc`: createProgram / compileProgram / getCUBIN), not through
 `cupy.cuda.compiler.compile_using_nvrtc`: the latter asks the current device for its arch even when
@@ -11,15 +13,73 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
-from typing import Any, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from jetson_unet.errors import KernelCompileError
 
 
+CUDA_ROOTS = ("/usr/local/cuda",)   # where JetPack and the x86 installers put the toolkit
+NVRTC_ONLY = ("-default-device", "--device-as-default-execution-space", "-pch", "--pch", "--create-pch",
+              "--use-pch", "--pch-dir", "--minimal", "-no-source-include", "--no-source-include")
+
+
 class ArchUnsupported(KernelCompileError):
     """The toolchain cannot target this arch (e.g. CUDA 13 dropped sm_72)."""
+
+
+@dataclass(frozen=True)
+class Compiler:
+    kind: str                                                   # "nvrtc" | "nvcc"
+    toolchain: str                                              # part of the cache key
+    build: Callable[[str, str, Tuple[str, ...], int], bytes]    # (source, name, options, arch) -> cubin
+    archs: Optional[Tuple[int, ...]] = None                     # what it can target; None: cannot tell
+    label: str = ""                                             # for messages: toolchain and where from
+    fallback: Optional[Callable[[], Optional["Compiler"]]] = None   # for an arch outside `archs`
+
+    @property
+    def name(self) -> str:
+        return self.label or self.toolchain
+
+    def targets(self, arch: int) -> bool:
+        return self.archs is None or int(arch) in self.archs
+
+    def for_arch(self, arch: int) -> "Compiler":
+        """This compiler, or its fallback where only the fallback can target `arch`."""
+        if self.targets(arch) or self.fallback is None:
+            return self
+        other = self.fallback()
+        return other if other is not None and other.archs is not None and other.targets(arch) else self
+
+
+def nvrtc_compiler(mod: Any) -> Compiler:
+    """A Compiler over an NVRTC binding (CuPy's or an nvrtc_lib.NvrtcLib)."""
+    return Compiler("nvrtc", nvrtc_toolchain(mod), lambda s, n, o, a: nvrtc_cubin(s, n, o, a, mod),
+                    archs=nvrtc_archs(mod), label=nvrtc_label(mod))
+
+
+def nvcc_compiler(nvcc: str) -> Compiler:
+    """A Compiler over an nvcc executable (it says itself when it cannot target an arch)."""
+    return Compiler("nvcc", nvcc_toolchain(nvcc), lambda s, n, o, a: nvcc_cubin(s, n, o, a, nvcc))
+
+
+def runtime_compiler(kind: Optional[str]) -> Optional[Compiler]:
+    """What builds a backend's cubins (its `compiler`): "nvrtc", CuPy's NVRTC binding where it can
+    hand out a cubin; "nvcc", the nvcc that find_nvcc finds. None where there is none: the loader
+    then uses the cache alone, or the backend's compile_source."""
+    if kind == "nvrtc":
+        try:
+            mod = nvrtc_module()
+        except Exception:   # no CuPy, or no libnvrtc behind it
+            return None
+        return nvrtc_compiler(mod) if hasattr(mod, "getCUBIN") else None
+    if kind == "nvcc":
+        nvcc = find_nvcc()
+        return nvcc_compiler(nvcc) if nvcc else None
+    return None
 
 
 def nvrtc_module(nvrtc: Any = None) -> Any:
@@ -81,6 +141,55 @@ def nvrtc_cubin(source: str, source_name: str, options: Sequence[str], arch: int
 
 
 # ---- nvcc ---------------------------------------------------------------------------------------------
+class NvccArgs(NamedTuple):
+    arch: str                        # "sm_87": pycuda passes it as `-arch sm_87`
+    include_dirs: Tuple[str, ...]
+    options: Tuple[str, ...]         # everything else, spelled the same for nvcc and NVRTC
+
+    def command_options(self) -> Tuple[str, ...]:
+        """What nvcc finally sees (less pycuda's own include dir): the cache key and error text."""
+        return self.options + ("-arch", self.arch) + tuple("-I" + d for d in self.include_dirs)
+
+
+def nvcc_args(options: Sequence[str], source_name: str = "kernels") -> NvccArgs:
+    """NVRTC options (kernels.nvrtc_options) -> nvcc's: the target becomes `arch`, include paths
+    become include_dirs; -std, -D, -U, --use_fast_math, --fmad, -lineinfo, --maxrregcount and the
+    like are spelled the same by both. A virtual target (compute_XX) becomes sm_XX: we build cubins."""
+    arch, incs, rest = None, [], []
+    it = iter(options)
+    for opt in it:
+        if opt in ("-arch", "--gpu-architecture", "-I", "--include-path"):
+            value = next(it, None)
+            if value is None:
+                raise KernelCompileError(source_name, tuple(options), f"option {opt} needs a value")
+            opt = opt + ("=" if opt.startswith("--") or opt == "-arch" else "") + value
+        if opt.startswith(("-arch=", "--gpu-architecture=")):
+            arch = opt.split("=", 1)[1].replace("compute_", "sm_")
+        elif opt.startswith("--include-path="):
+            incs.append(opt.split("=", 1)[1])
+        elif opt.startswith("-I"):
+            incs.append(opt[2:])
+        elif opt.split("=", 1)[0] in NVRTC_ONLY:
+            raise KernelCompileError(source_name, tuple(options), f"{opt} is an NVRTC-only option; nvcc has none like it")
+        else:
+            rest.append(opt)
+    if arch is None:
+        raise KernelCompileError(source_name, tuple(options), "no target (--gpu-architecture=sm_XX) in the options")
+    return NvccArgs(arch, tuple(dict.fromkeys(incs)), tuple(rest))
+
+
+def find_nvcc(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """nvcc on PATH, else under $CUDA_ROOT / $CUDA_HOME / $CUDA_PATH, else /usr/local/cuda/bin."""
+    found = shutil.which("nvcc", path=environ.get("PATH"))
+    if found:
+        return found
+    roots = [environ.get(k) for k in ("CUDA_ROOT", "CUDA_HOME", "CUDA_PATH")] + list(CUDA_ROOTS)
+    for root in roots:
+        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
+            return os.path.join(root, "bin", "nvcc")
+    return None
+
+
 def nvcc_toolchain(nvcc: str) -> str:
     """`nvcc: Cuda compilation tools, release 13.0, V13.0.88` (the release line of --version)."""
     try:
@@ -104,8 +213,7 @@ def nvcc_archs(nvcc: str) -> Optional[Tuple[int, ...]]:
 
 
 def nvcc_cubin(source: str, source_name: str, options: Sequence[str], arch: int, nvcc: str) -> bytes:
-    """`nvcc -cubin -arch=sm_XX` with the NVRTC options translated (backend_pycuda.nvcc_args)."""
-    from jetson_unet.backends.pycuda import nvcc_args  # pure helpers; pycuda itself is not imported
+    """`nvcc -cubin -arch=sm_XX` with the NVRTC options translated (nvcc_args)."""
     archs = nvcc_archs(nvcc)
     if archs is not None and int(arch) not in archs:
         raise ArchUnsupported(source_name, tuple(options),

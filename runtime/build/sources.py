@@ -35,11 +35,9 @@ def read_sources(folder: Optional[Path] = None, names: Sequence[str] = SOURCES) 
     return "\n".join(parts)
 
 
-def module_source(keys: Iterable[Any], folder: Optional[Path] = None, pdl: bool = False) -> str:
+def module_source(keys: Iterable[Any], folder: Optional[Path] = None) -> str:
     """All kernel sources, then one instantiation line per key (sorted: a stable cache key).
-    conv_pipe.cu (and conv_halo.cu, which builds on it) join only a module that instantiates them.
-    pdl: define JETSON_UNET_PDL first, so every kernel opens with GRID_DEPENDENCY (kernels/common.cuh,
-    sm_90+; jetson_unet.executor.launch_ex); without it GRID_DEPENDENCY compiles to nothing."""
+    conv_pipe.cu (and conv_halo.cu, which builds on it) join only a module that instantiates them."""
     keys = list(keys)
     names = SOURCES
     if any(getattr(k, "stages", 0) for k in keys):
@@ -47,8 +45,7 @@ def module_source(keys: Iterable[Any], folder: Optional[Path] = None, pdl: bool 
         extra = (PIPE_SOURCE, HALO_SOURCE) if any(getattr(k, "halo", False) for k in keys) else (PIPE_SOURCE,)
         names = SOURCES[:at] + extra + SOURCES[at:]
     lines = sorted({k.instance() for k in keys})
-    head = "#define JETSON_UNET_PDL 1\n" if pdl else ""
-    return head + read_sources(folder, names) + "\n// ==== instantiations (generated) ====\n" + "\n".join(lines) + "\n"
+    return read_sources(folder, names) + "\n// ==== instantiations (generated) ====\n" + "\n".join(lines) + "\n"
 
 
 def toolkit_include() -> Optional[str]:

@@ -16,22 +16,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from jetson_unet.model.arena import ArenaPlan, activation_elem_bytes, cat_parents
+from jetson_unet.model.arena import ArenaPlan, activation_elem_bytes, view_layout
 from jetson_unet.errors import UsageError
-from jetson_unet.model.plan import CAT, Plan, build_plan
+from jetson_unet.model.plan import CAT, build_plan
 from jetson_unet.model.reference import Reference
-from jetson_unet.executor import launch_ex
 from jetson_unet.executor import memory
 from jetson_unet.backends import get_backend
+from jetson_unet.backends.base import Backend
 from jetson_unet.build.loader import KernelSet
-from jetson_unet.ops.common import ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, TileChoice, from_device, storage_dtype, to_device
+from jetson_unet.ops.common import ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, from_device, storage_dtype, to_device
 from jetson_unet.ops.conv_pipe import PIPE_SCRATCH
 from jetson_unet.ops.specs import all_tile_keys, op_spec
-from jetson_unet.ops.tuning import builtin_tiles_notice, find_tiles
+from jetson_unet.ops.policy import KernelPolicy
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -55,36 +55,6 @@ class StepTables:
     n_steps: int
 
 
-def view_layout(plan: Plan) -> Dict[str, Tuple[int, int]]:
-    """Tensor -> (pixel stride = root channels, channel offset in the root), from the cat aliasing."""
-    parent = cat_parents(plan)
-    out = {}
-    for name, t in plan.tensors.items():
-        if not t.size:
-            continue
-        root, c0 = name, 0
-        while root in parent:
-            root, off = parent[root]
-            c0 += off
-        out[name] = (plan.tensors[root].channels, c0)
-    return out
-
-
-def backend_integrated(backend: Any) -> bool:
-    """Whether the GPU shares the CPU's DRAM (a Jetson); backends without the query: no."""
-    query = getattr(backend, "integrated", None)
-    return bool(query()) if query is not None else False
-
-
-def device_sm_count(backend: Any) -> int:
-    if hasattr(backend, "sm_count"):
-        return int(backend.sm_count())
-    try:   # CuPy backend: the runtime's device properties
-        return int(backend.rt.getDeviceProperties(backend.device.id)["multiProcessorCount"])
-    except Exception:
-        return 8   # Orin Nano 8GB
-
-
 @dataclass
 class Launch:
     name: str
@@ -96,16 +66,6 @@ class Launch:
     t_pos: Optional[int]
     step_pos: Optional[int] = None   # where the sampler step's arguments go (final_conv, init_conv)
     step_mark: Any = None            # _STEP_MARK or _ADV_MARK: which of them
-    packed: Dict[Tuple[Any, ...], Any] = dataclasses.field(default_factory=dict)   # args -> launch_ex.Params
-
-    def params(self, args: Tuple[Any, ...]) -> Any:
-        """The arguments packed for a PDL launch, kept for the few argument tuples a launch sees."""
-        p = self.packed.get(args)
-        if p is None:
-            if len(self.packed) >= 4:
-                self.packed.clear()
-            p = self.packed[args] = launch_ex.Params(args)
-        return p
 
     def args_for(self, t_ptr: int, step: Optional[Dict[Any, Tuple[Any, ...]]] = None) -> Tuple[Any, ...]:
         """The arguments with the timesteps at t_ptr and, where this kernel takes them, the sampler
@@ -153,15 +113,13 @@ class _Addr(Resolver):
 
 
 class GpuExecutor:
-    def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Any = None,
-                 early_start: bool = True, tiles: Optional[Mapping[str, TileChoice]] = None,
-                 extra_keys: Sequence[Any] = (),
-                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None,
-                 pdl: Optional[bool] = None) -> None:
-        """fits: checks this executor's memory estimate instead of the executor's own check (a
-        GpuSampler adds its tables to it); either runs before any compile, pinning or upload.
-        pdl: programmatic dependent launch (jetson_unet.executor.launch_ex) where the GPU (sm_90+) and the
-        backend (CuPy) allow it; None: $JETSON_UNET_PDL (default off). `self.pdl` says if it is on."""
+    def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Optional[Backend] = None,
+                 early_start: bool = True, policy: KernelPolicy = KernelPolicy(), extra_keys: Sequence[Any] = (),
+                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None) -> None:
+        """policy: which tiles (jetson_unet.ops.policy). extra_keys: more instantiations in the same
+        module (the tuner's candidates). fits: checks this executor's memory estimate instead of the
+        executor's own check (a GpuSampler adds its tables to it); either runs before any compile,
+        pinning or upload."""
         if precision not in PRECISIONS:
             raise UsageError(f"GPU precision must be one of {PRECISIONS}, got {precision!r}")
         if batch < 1:
@@ -170,17 +128,9 @@ class GpuExecutor:
         self.precision, self.batch, self.config = precision, int(batch), weights.config
         self.plan = build_plan(self.config)
         self._bufs: List[Any] = []
-        sms = device_sm_count(self.backend)
-        if tiles is None:   # measured tiles for this GPU and batch, if tools/tune_tiles.py made some
-            device = self.backend.device_name()
-            found = find_tiles(self.config, device, sms, precision, self.batch)
-            self.tiles_from: Optional[str] = str(found[0]) if found else None
-            tiles = found[1] if found else {}
-            if not found:
-                log.info(builtin_tiles_notice(device, sms, precision, self.batch))
-        else:
-            self.tiles_from = "given" if tiles else None   # {}: the built-in tiles
-        ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=dict(tiles))
+        sms = policy.device_sms(self.backend)
+        tiles, self.tiles_from = policy.resolve(self.config, self.backend.device_name(), sms, precision, self.batch)
+        ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=tiles)
         self.specs: List[OpSpec] = [op_spec(op, ctx) for op in self.plan.ops if op.kind != CAT]
         # Sizes first (jetson_unet.executor.memory, shared with `jetson-sample --plan-only`): a batch that
         # does not fit is refused before any compile, pinned staging or upload.
@@ -190,9 +140,7 @@ class GpuExecutor:
                                                       (self.stats_parts, self._stats_life))
         (fits or self._check_memory)(self.memory_estimate())
         keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs} | set(extra_keys)
-        want = launch_ex.pdl_from_env() if pdl is None else bool(pdl)
-        self.pdl = want and bool(getattr(self.backend, "supports_pdl", lambda: False)())
-        self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol), pdl=self.pdl)
+        self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
         # the halo conv's and a deep cp.async ring's dynamic smem go past the 48 KB of static + dynamic
         # that need no opt-in (static: at most PIPE_SCRATCH beside them)
         big: Dict[str, int] = {}
@@ -251,7 +199,7 @@ class GpuExecutor:
             return dataclasses.replace(est, batch=b, arena_bytes=memory.executor_arena(
                 self.plan, self.specs, self.precision, b, self.batch, stats).nbytes,
                 pinned_bytes=memory.executor_pinned(self.config, b, est.weights_bytes))
-        memory.check_fits(est, self.backend.mem_info()[0], backend_integrated(self.backend), at)
+        memory.check_fits(est, self.backend.mem_info()[0], self.backend.integrated(), at)
 
     def _alloc_and_upload(self, host_w: np.ndarray, early_start: bool) -> None:
         """Blocking: one copy, then wait. Early start: one copy per op, in plan order, on a copy
@@ -345,10 +293,7 @@ class GpuExecutor:
             if pending:                       # early start: wait for this op's weights only
                 self.backend.wait(stream, pending[i])
             args = L.args if same and (sargs is None or L.step_pos is None) else L.args_for(tp, sargs)
-            if self.pdl and i and not pending:   # the first kernel follows a copy or another graph
-                L.fn.launch_pdl(L.grid, L.block, L.params(args), L.smem, stream)
-            else:
-                L.fn.launch(L.grid, L.block, args, L.smem, stream)
+            L.fn.launch(L.grid, L.block, args, L.smem, stream)
 
     def launch_op(self, name: str, stream: Any = None) -> None:
         """Run the one kernel that computes tensor `name` (per-op tests and debugging)."""

@@ -19,29 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from jetson_unet.model.arena import ArenaPlan, ExtraRegion, activation_elem_bytes, plan_arena
+from jetson_unet.model.arena import ALIGN, ArenaPlan, ExtraRegion, activation_elem_bytes, aligned, plan_arena, regions, view_layout
 from jetson_unet.errors import ArenaError, UsageError
 from jetson_unet.model.plan import CAT, TIME_PROJ, Plan, build_plan
 from jetson_unet.ops.noise import STATE_DTYPE, draw_rows, scratch_sizes
 from jetson_unet.ops.common import ELEM_BYTES, Ctx, OpSpec
 from jetson_unet.ops.specs import op_spec
 
-ALIGN = 256
 MODES = ("gpu", "cpu")
 BlobKey = Tuple[str, str]
-
-
-def aligned(n: int, align: int = ALIGN) -> int:
-    return -(-int(n) // align) * align
-
-
-def regions(sizes: Dict[str, int]) -> Tuple[Dict[str, int], int]:
-    """Named regions of one allocation, in order, each ALIGN-aligned: (offsets, total bytes)."""
-    offs, total = {}, 0
-    for k, v in sizes.items():
-        offs[k] = total
-        total += aligned(v)
-    return offs, total
 
 
 # ---- the executor's layout ---------------------------------------------------------------------------------
@@ -197,7 +183,6 @@ def executor_pinned(config: Any, batch: int, weights_bytes: int) -> int:
 
 def executor_specs(weights: Any, precision: str, batch: int, sms: int) -> Tuple[Plan, List[OpSpec]]:
     """The op specs GpuExecutor builds for this batch on a GPU with `sms` SMs."""
-    from jetson_unet.executor.executor import view_layout  # executor imports this module
     plan = build_plan(weights.config)
     ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan))
     return plan, [op_spec(op, ctx) for op in plan.ops if op.kind != CAT]

@@ -59,6 +59,22 @@ class ArenaPlan:
                 f"ratio to lower bound {self.nbytes / max(self.peak_live_bytes, 1):.3f}")
 
 
+ALIGN = 256   # every region of a device allocation (the arena, the weights, the sampler's tables)
+
+
+def aligned(n: int, align: int = ALIGN) -> int:
+    return _round_up(int(n), align)
+
+
+def regions(sizes: Dict[str, int]) -> Tuple[Dict[str, int], int]:
+    """Named regions of one allocation, in order, each ALIGN-aligned: (offsets, total bytes)."""
+    offs, total = {}, 0
+    for k, v in sizes.items():
+        offs[k] = total
+        total += aligned(v)
+    return offs, total
+
+
 def _round_up(n: int, align: int) -> int:
     return (n + align - 1) // align * align
 
@@ -159,3 +175,18 @@ def activation_elem_bytes(plan: Plan, act_bytes: int, io_bytes: int = 4,
     """Element size per tensor: the precision's for activations, fp32 for the image and eps."""
     io_names = set(io) if io is not None else {plan.input, plan.output}
     return {n: (io_bytes if n in io_names else act_bytes) for n, t in plan.tensors.items() if t.size}
+
+
+def view_layout(plan: Plan) -> Dict[str, Tuple[int, int]]:
+    """Tensor -> (pixel stride = root channels, channel offset in the root), from the cat aliasing."""
+    parent = cat_parents(plan)
+    out = {}
+    for name, t in plan.tensors.items():
+        if not t.size:
+            continue
+        root, c0 = name, 0
+        while root in parent:
+            root, off = parent[root]
+            c0 += off
+        out[name] = (plan.tensors[root].channels, c0)
+    return out

@@ -8,7 +8,6 @@ Python int as 8 bytes).
 from __future__ import annotations
 
 import numpy as np
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -19,11 +18,7 @@ from jetson_unet.model.plan import Op, Plan
 VEC_MAX = {"fp32": 4, "fp16": 8, "bf16": 8}          # 16-byte vectors
 ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 SMEM_LIMIT = 48 * 1024                               # static + dynamic without an opt-in
-STAGES_ENV = "JETSON_UNET_CONV_STAGES"              # cp.async ring depth of the GEMM conv (0: off)
-DEFAULT_STAGES = 3                                   # docs/perf-notes.md: s3 = s4 > s6 > s0 on an H100
-MAX_STAGES = 6
-FOLD_ENV = "JETSON_UNET_GN_FOLD"                     # 0: GroupNorm as a table pass everywhere (fold_norm)
-DW_TC_ENV = "JETSON_UNET_DW_TC"                      # 0: the FFMA depthwise conv everywhere (dwconv_tc)
+MAX_STAGES = 6                                       # the deepest cp.async ring a tuning file may ask for
 
 
 def P(v: int) -> np.uint64:
@@ -112,48 +107,7 @@ class Ctx:
     views: Mapping[str, Tuple[int, int]]       # tensor -> (ld, channel offset in its root)
     tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch)
     extra_keys: List[Any] = field(default_factory=list)
-    conv_stages: int = field(default_factory=lambda: stages_from_env())   # 0: conv_gemm everywhere
-    gn_fold: bool = field(default_factory=lambda: fold_from_env())        # fold_norm where it applies
-    dw_tc: bool = field(default_factory=lambda: dw_tc_from_env())         # dwconv_tc where it applies
     tiles: Mapping[str, "TileChoice"] = field(default_factory=dict)       # op.out -> measured tile
-
-
-def fold_from_env(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """$JETSON_UNET_GN_FOLD: unset, empty or 1 -> fold GroupNorm into the GEMM where fold_norm allows
-    it; 0 -> the table pass everywhere (kernels/conv.cu conv_gn_prologue describes both)."""
-    raw = (os.environ if environ is None else environ).get(FOLD_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ConfigError(f"${FOLD_ENV} must be 0 or 1, got {raw!r}")
-    return raw != "0"
-
-
-def dw_tc_from_env(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """$JETSON_UNET_DW_TC: unset, empty or 1 -> the depthwise conv on tensor cores where dwconv_tc
-    allows it; 0 -> the FFMA kernel everywhere. Measured faster on every op it takes (H200, session
-    21 of docs/perf-notes.md: batch 16 1.090 -> 1.062 ms a call, the 64x64 ones 20.9 -> 16.4 us)."""
-    raw = (os.environ if environ is None else environ).get(DW_TC_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ConfigError(f"${DW_TC_ENV} must be 0 or 1, got {raw!r}")
-    return raw != "0"
-
-
-def stages_from_env(environ: Optional[Mapping[str, str]] = None) -> int:
-    """$JETSON_UNET_CONV_STAGES: unset or empty -> DEFAULT_STAGES; 0 -> conv_gemm everywhere (the
-    register-staged kernel); 2..6 -> the cp.async conv (kernels/conv_pipe.cu) with that many stages
-    wherever pipe_tile allows it (fp32 and scalar-load convs always run conv_gemm)."""
-    raw = (os.environ if environ is None else environ).get(STAGES_ENV, "").strip()
-    if raw == "":
-        return DEFAULT_STAGES
-    if raw == "0":
-        return 0
-    try:
-        stages = int(raw)
-    except ValueError:
-        stages = -1
-    if not 2 <= stages <= MAX_STAGES:
-        raise ConfigError(f"{STAGES_ENV} must be 0 (the register-staged conv) or a stage count 2..{MAX_STAGES}, "
-                          f"got {raw!r}")
-    return stages
 
 
 def vec_for(precision: str, ctx: Ctx, names: Sequence[Optional[str]], channels: Sequence[int]) -> int:
@@ -179,8 +133,7 @@ def k_residual(op: Op) -> Optional[str]:
     of a conv without activation, with identity weights (exact: x * 1 in fp32 accumulation). As a K
     segment the residual streams through the copy pipeline with the GEMM's operands; as the
     epilogue's `res` its loads came after the k loop, exposed on every CTA of a one-wave grid
-    (Nsight Compute, batch 16: 21% of a 64x64-level conv2's warp stall samples; docs/perf-notes.md
-    session 24). The residual of a conv with an activation stays in the epilogue (act(conv) + res)."""
+    (Nsight Compute, H200, batch 16: 21% of a 64x64-level conv2's warp stall samples). The residual of a conv with an activation stays in the epilogue (act(conv) + res)."""
     if op.residual and (op.residual_conv or op.act == "none"):
         return op.residual
     return None
@@ -208,7 +161,7 @@ def check_div_range(op: Op, plan: Plan) -> None:
 
 @dataclass(frozen=True)
 class TileChoice:
-    """One op's tile, measured instead of guessed (tools/tune_tiles.py): it replaces choose_tile,
+    """One op's tile, measured instead of guessed (jetson-tune): it replaces choose_tile,
     choose_bk, pipe_tile and (splits > 0) choose_splits for that op. Checked by check_key."""
     bm: int
     bn: int
@@ -219,4 +172,3 @@ class TileChoice:
     splits: int = 0      # 0: choose_splits decides
     halo: int = 0        # 1: the halo conv (kernels/conv_halo.cu) with `stages` weight slots
     ks: int = 1          # k slices of the cp.async conv (ConvKey.ks)
-    mt: int = 1          # M tiles per CTA of the cp.async conv (> 1: ConvKey.persist, no split-K)

@@ -50,7 +50,6 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (dyn_ring and pipe_smem(key, dyn_smem) > PIPE_DEEP_LIMIT, f"{pipe_smem(key, dyn_smem)} B of dynamic shared memory"),
         (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
         (key.fold and not fold_fits(key), "a folded GroupNorm"),
-        (key.persist and not (sliced and key.ks == 1 and not key.gate), "several M tiles per CTA"),
     ]
     bad = [msg for cond, msg in problems if cond]
     if bad:
@@ -61,15 +60,13 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
               geom: Optional[ConvGeom] = None) -> Optional[ConvKey]:
     """`key` with the measured tile of op `name` from ctx.tiles, checked; None when there is none."""
     t = ctx.tiles.get(name)
-    if t is None or (t.halo and not ctx.conv_stages):   # a halo tile says nothing about conv_gemm's
+    if t is None:
         return None
-    stages = t.stages if ctx.conv_stages else 0
+    stages = t.stages
     tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk, stages=stages, halo=bool(t.halo),
                                 ks=t.ks if stages else 1, nsplit=key.gate and t.bn < n,
-                                persist=bool(stages and t.mt > 1))
+)
     check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
-    if tuned.persist and t.splits > 1:
-        raise ConfigError(f"tuned tile of {name}: {t.mt} M tiles per CTA with split-K {t.splits} (one or the other)")
     bad = (halo_problems(tuned, geom) if geom else ["a gate"]) if tuned.halo else []
     if bad:
         raise ConfigError(f"tuned tile of {name}: halo conv {tuned.symbol} is not supported ({'; '.join(bad)})")
@@ -115,7 +112,7 @@ def fold_fits(key: ConvKey) -> bool:
     return bool(key.stages) and key.dtype != "fp32" and not key.gate and key.bn <= 128
 
 
-def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray, enabled: bool = True) -> bool:
+def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray) -> bool:
     """Whether a normalized conv with this key folds its GroupNorm into the GEMM (kernels/conv.cu
     conv_gn_prologue: W * gn_w as weights, the raw input as A, padded taps set to the per-channel
     value whose normalization is 0, rstd and a per-column term applied once). Only where the kernel
@@ -123,7 +120,7 @@ def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray, enabled: bool = 
     finite and as precise as a normalized value: every gn_w nonzero and |gn_b / gn_w| <=
     FOLD_RATIO_MAX (the shipped model: <= 0.72; fp16 then overflows only past std ~1000)."""
     gn_w = np.asarray(gn_w, dtype=np.float64)
-    if not (enabled and fold_fits(key)) or not np.all(gn_w != 0):
+    if not fold_fits(key) or not np.all(gn_w != 0):
         return False
     return bool(np.all(np.abs(np.asarray(gn_b, dtype=np.float64) / gn_w) <= FOLD_RATIO_MAX))
 
@@ -171,8 +168,8 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     dyn = 8 * xt.channels if op.norm else 0
     key = (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
            or builtin_halo(key, op, ctx, ot)
-           or (with_pipeline(key, ctx, dyn) if ctx.conv_stages else key))
-    if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"], ctx.gn_fold):
+           or with_pipeline(key, ctx, dyn))
+    if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"]):
         key = dataclasses.replace(key, fold=True)
     return key
 
@@ -209,7 +206,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
     # several M tiles per CTA (kernels/conv_pipe.cu PERSIST): CTA g runs tiles g, g + grid.x, ...
-    grid = (cdiv(mtiles, ctx.tiles[op.out].mt) if key.persist else mtiles * splits, ntiles, ctx.batch)
+    grid = (mtiles * splits, ntiles, ctx.batch)
     # (normalized: 8 * Cin bytes for the table; a folded norm uses 2 * Cin of them)
     smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else pipe_smem(key, 8 * xt.channels if op.norm else 0)
     act = {"none": 0, "gelu": 1}[op.act]
@@ -251,7 +248,7 @@ def split_k(blobs: Dict[str, np.ndarray], mtiles: int, ntiles: int, nk: int, key
     """Splits, workspace bytes; adds the zeroed tickets (gemm_workspace) to the op's blobs."""
     t = ctx.tiles.get(name)
     tiles = mtiles * ntiles
-    splits = (1 if key.persist else min(t.splits, nk) if (t and t.splits) else
+    splits = (min(t.splits, nk) if (t and t.splits) else
               choose_splits(nk, tiles * ctx.batch, ctx.sms))
     ws, ctr = gemm_workspace(ctx.batch, mtiles, ntiles, splits, key.bm, key.bn, key.gate)
     if ctr:
@@ -275,7 +272,7 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
                                  pipelined=pipe)
     bk = 64 if (pipe and bn < g) else choose_bk(ctx.precision, bm, bn, vec, True)   # the split gates' tuned BK
     key = ConvKey(ctx.precision, bm, bn, bk, wm, wn, 1, 1, 1, vec, True, nsplit=bn < g)
-    return tuned_key(key, ctx, op.out, g, 0) or (with_pipeline(key, ctx, 0) if ctx.conv_stages else key)
+    return tuned_key(key, ctx, op.out, g, 0) or with_pipeline(key, ctx, 0)
 
 
 def gate_spec(op: Op, ctx: Ctx) -> OpSpec:

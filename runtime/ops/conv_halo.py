@@ -64,7 +64,7 @@ def builtin_halo(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey
     """The halo conv (kernels/conv_halo.cu) for `key`'s tile where the tuning files picked it: a 3x3
     conv without a residual, normalized (a block's conv1) or upsampled (up2), of whole 64-channel
     chunks (with BK 32 it ran up to 1.6x slower), whose grid fills every SM twice (it never won at
-    batch 1 on 132 SMs: latency chains). None elsewhere (docs/perf-notes.md, session 22)."""
+    batch 1 on 132 SMs: latency chains). None elsewhere."""
     if not (pipelined(ctx, key.vec) and key.kh == 3 and key.stride == 1 and not (op.residual or op.residual_conv)
             and (op.norm or key.up == 2)):
         return None

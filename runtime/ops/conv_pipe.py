@@ -12,6 +12,7 @@ from jetson_unet.ops.common import TileChoice
 from jetson_unet.ops.keys import ConvKey
 
 
+PIPE_STAGES = 3                                      # the built-in ring depth: s3 = s4 > s6 > conv_gemm (H100)
 PIPE_RING_LIMIT = 40 * 1024                          # conv_pipe.cu's static smem ring, at most (DEEP_RING)
 PIPE_DEEP_LIMIT = 76 * 1024                          # a deeper ring's dynamic smem (+ table): 2 CTAs per sm_87 SM
 PIPE_SCRATCH = 3 * 1024                              # its other static smem (reductions, gate, epilogue operands)
@@ -57,10 +58,10 @@ def pipe_smem(key: ConvKey, table: int) -> int:
 
 def pipelined(ctx: Ctx, vec: int) -> bool:
     """Whether a 16-bit GEMM with `vec`-wide loads runs the cp.async kernels (else conv_gemm)."""
-    return bool(ctx.conv_stages) and ctx.precision != "fp32" and vec == VEC_MAX[ctx.precision]
+    return ctx.precision != "fp32" and vec == VEC_MAX[ctx.precision]
 
 
 def with_pipeline(key: ConvKey, ctx: Ctx, dyn_smem: int) -> ConvKey:
-    """`key` as the cp.async variant when ctx.conv_stages asks for it and the tile allows it."""
-    pipe = pipe_tile(key.dtype, key.bm, key.bn, key.vec, key.gate, ctx.conv_stages, dyn_smem, key.bk)
+    """`key` as the cp.async variant (PIPE_STAGES deep) where the tile allows it."""
+    pipe = pipe_tile(key.dtype, key.bm, key.bn, key.vec, key.gate, PIPE_STAGES, dyn_smem, key.bk)
     return key if pipe is None else dataclasses.replace(key, bk=pipe[0], stages=pipe[1])

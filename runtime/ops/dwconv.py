@@ -25,7 +25,7 @@ def dw_ctas(size: int, channels: int, batch: int) -> int:
 def dwconv_tw(size: int, channels: int, batch: int, sms: int) -> int:
     """The depthwise tile's width (outputs per thread along a row): 8, or 4 where even the 4-wide
     grid (twice the CTAs) fits in one wave with an SM each, so that each thread's serial chain of
-    FMAs is half as long. Measured on the H100 (docs/perf-notes.md, session 7): 3.4 -> 2.8 us for
+    FMAs is half as long. Measured on the H100: 3.4 -> 2.8 us for
     4-64 CTAs of the 8-wide grid, but 3.6 -> 3.9 us for 128 (batch 1, 64x64, 64 channels); never 4
     on a GPU the 8-wide grid fills (the Orin's 8 SMs), where 4 costs 1.4x the smem reads per output."""
     return 4 if 2 * dw_ctas(size, channels, batch) <= sms else 8
@@ -35,7 +35,7 @@ def dwconv_cp(size: int, channels: int, batch: int, sms: int, vec: int) -> int:
     """Channels per thread of the depthwise conv: 2 (16 rows x 8 per CTA, an fp32 halo tile, half
     the instructions per output, half the CTAs) where the 1-channel grid has more CTAs than the GPU
     has SMs and the image has the 16 rows; else 1, whose shorter per-thread chain wins when each SM
-    runs one CTA. Measured per op on the H100 (docs/perf-notes.md, session 10): 2 wins from ~1.5
+    runs one CTA. Measured per op on the H100: 2 wins from ~1.5
     CTAs per SM up (batch 16, 64x64, 64 channels: 29.0 -> 21.2 us), loses 3.3 -> 4.5 us at one or
     fewer, and on 8x8 images (half of each 16-row tile idle). Needs vector loads (vec > 1)."""
     return 2 if vec > 1 and size >= 2 * DW_TILE and dw_ctas(size, channels, batch) > sms else 1
@@ -51,7 +51,7 @@ def dwconv_tc(precision: str, vec: int, size: int, k: int) -> bool:
 def dwconv_tc_cpw(size: int, channels: int, batch: int, sms: int) -> int:
     """dwconv_tc's channels per warp (a CTA: 8 warps, 8 CPW channels): 4 where that grid still has a
     CTA per SM, else 2, else 1 (2-4x the CTAs, each a shorter chain), like dwconv_tw. Every choice
-    it made for the seed model at batch 1 and 16 beat the FFMA kernel's (docs/perf-notes.md session 21)."""
+    it made for the seed model at batch 1 and 16 beat the FFMA kernel's."""
     for cpw in (4, 2):
         if cdiv(size, DW_TC_TILE) ** 2 * cdiv(channels, 8 * cpw) * batch >= sms:
             return cpw
@@ -75,7 +75,7 @@ def pack_dw_tc(w: np.ndarray, k: int, precision: str) -> np.ndarray:
 def dwconv_key(op: Op, ctx: Ctx) -> SimpleKey:
     c, size = ctx.plan.tensors[op.x].channels, ctx.plan.tensors[op.x].size
     batch, vec = ctx.tile_batch or ctx.batch, vec_for(ctx.precision, ctx, (op.x, op.out), (c,))
-    if ctx.dw_tc and dwconv_tc(ctx.precision, vec, size, op.k):
+    if dwconv_tc(ctx.precision, vec, size, op.k):
         return SimpleKey("dwconv_tc", ctx.precision, op.k, vec, DW_TC_TILE, dwconv_tc_cpw(size, c, batch, ctx.sms))
     cp = dwconv_cp(size, c, batch, ctx.sms, vec)
     return SimpleKey("dwconv", ctx.precision, op.k, vec, dwconv_tw(size, c, batch, ctx.sms) if cp == 1 else 8, cp)

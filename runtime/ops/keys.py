@@ -12,11 +12,10 @@ DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16
 @dataclass(frozen=True)
 class ConvKey:
     """One instantiation of conv_gemm (kernels/conv.cu), or with stages > 0 of conv_gemm_pipe
-    (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; the default for 16-bit convs, see
-    ops.stages_from_env), or with halo of conv_gemm_halo (kernels/conv_halo.cu: 3x3 stride 1, the
-    input staged once per channel chunk as a halo tile, `stages` slots of weights in flight). ks > 1
-    (the cp.async conv only): each warp tile shared by ks warps, each taking every ks-th k step.
-    persist (the cp.async conv only): a CTA runs several M tiles (ops.TileChoice.mt)."""
+    (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; the default for 16-bit convs with
+    16-byte vectors), or with halo of conv_gemm_halo (kernels/conv_halo.cu: 3x3 stride 1, the input
+    staged once per channel chunk as a halo tile, `stages` slots of weights in flight). ks > 1 (the
+    cp.async conv only): each warp tile shared by ks warps, each taking every ks-th k step."""
     dtype: str      # "fp32" | "fp16" | "bf16"
     bm: int
     bn: int
@@ -33,15 +32,13 @@ class ConvKey:
     ks: int = 1       # k slices of the cp.async conv: KS warps per warp tile (kernels/conv_pipe.cu)
     nsplit: bool = False   # a gate whose N is split over CTAs (BN < N; kernels/conv.cu conv_finish)
     fold: bool = False     # GroupNorm folded into the GEMM (cp.async / halo convs; ops.fold_norm)
-    persist: bool = False  # several M tiles per CTA (kernels/conv_pipe.cu PERSIST)
 
     @property
     def symbol(self) -> str:
         kind = ("gaten" if self.nsplit else "gate") if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
         return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}"
                 + (f"_{'h' if self.halo else 's'}{self.stages}" if self.stages else "")
-                + (f"_k{self.ks}" if self.ks != 1 else "") + ("_f" if self.fold else "")
-                + ("_p" if self.persist else ""))
+                + (f"_k{self.ks}" if self.ks != 1 else "") + ("_f" if self.fold else ""))
 
     @property
     def threads(self) -> int:
@@ -51,7 +48,7 @@ class ConvKey:
         if self.halo:
             return (f"CONV_HALO_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                     f"{self.wm}, {self.wn}, {self.up}, {self.stages}, {int(self.fold)})")
-        macro, tail = (("CONV_PIPE_INSTANCE", f", {self.stages}, {self.ks}, {int(self.fold)}, {int(self.persist)}")
+        macro, tail = (("CONV_PIPE_INSTANCE", f", {self.stages}, {self.ks}, {int(self.fold)}")
                        if self.stages else ("CONV_INSTANCE", ""))
         return (f"{macro}({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                 f"{self.wm}, {self.wn}, {self.kh}, {self.stride}, {self.up}, {self.vec}, "

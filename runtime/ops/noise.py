@@ -22,6 +22,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from jetson_unet.backends.base import Backend, Module
+from jetson_unet.model.arena import regions
 from jetson_unet.ops.noise_ref import FLAG_AMBIGUOUS, FLAG_SHORT, WINDOW_LOG2, n_words, numpy_noise_mode
 
 KERNELS = ("noise_words", "noise_walk", "noise_emit")
@@ -78,18 +80,14 @@ class DeviceNoise:
 
     window_log2 = WINDOW_LOG2    # test hook: a wide window flags most draws (exercises the host redraw)
 
-    def __init__(self, backend: Any, n: int, module: Any = None, rows: int = 1, graphs: bool = False) -> None:
+    def __init__(self, backend: Backend, n: int, module: Module, rows: int = 1, graphs: bool = False) -> None:
         self.mode, self.exact = numpy_noise_mode()
         if not 1 <= n * rows < 1 << 30:
             raise ValueError(f"device noise draws hold 1 .. 2^30 normals, got {rows} rows of {n}")
         self.backend, self.n, self.rows = backend, int(n), int(rows)
         self.W, self.cap = words_cap(self.n)         # one row's draw (a test hook: a test may shrink W)
         self.groups = self.W // 32
-        if module is None:
-            from jetson_unet.build.loader import KernelSet
-            module = KernelSet(backend, [], name="noise").module
         self._fn = {k: module.get(k) for k in KERNELS}
-        from jetson_unet.executor.memory import regions   # here: the pipeline imports this module, and memory pulls in ops
         offs, total = regions(scratch_sizes(self.n, self.rows))   # the largest draw
         self._buf = backend.alloc(total)
         self.nbytes = total
@@ -98,8 +96,8 @@ class DeviceNoise:
         self._down = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)   # flags() / state() read it
         # graphs: a draw's three launches are captured once per (out, layout, rows) and replayed. On
         # an H100, a few plain launches on a second stream leave every later kernel launch of the
-        # process ~0.2 us slower; graph launches there do not (docs/perf-notes.md session 15).
-        self._graphs: Optional[dict] = {} if graphs and getattr(backend, "supports_graphs", True) else None
+        # process ~0.2 us slower; graph launches there do not.
+        self._graphs: Optional[dict] = {} if graphs and backend.supports_graphs else None
 
     def seed(self, seed: int, stream: Any) -> None:
         """Start PCG64(seed)'s stream (the spec's generator), flags cleared."""

@@ -52,7 +52,6 @@ def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -
     keyed = [(op, key_of.get(kernel_kind(op, ctx.plan))) for op in ctx.plan.ops if op.kind in (CONV, GATE)]
     keys = set()
     for b in batches:
-        sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b,
-                  conv_stages=ctx.conv_stages, gn_fold=ctx.gn_fold)
+        sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b)
         keys.update(fn(op, sub) for op, fn in keyed if fn)
     return sorted(keys, key=lambda k: k.symbol)

@@ -30,7 +30,7 @@ def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool
         bn = next(b for b in (32, 64, 128, 256) if b >= n)
         if not pipelined:
             return (32, bn, 1, 4) if (tc and bn == 256) else (32, bn, 2, 2)
-        # what tools/tune_tiles.py picked on the H100 and the H200 at batch 1 and 16 alike: N > 128
+        # what the tuner picked on the H100 and the H200 at batch 1 and 16 alike: N > 128
         # split over 64-wide CTAs that meet through a ticket (one 256-wide CTA held 255 registers),
         # 128 as one row of 4 warps; narrower gates take 64 rows where that still fills the GPU twice
         if bn == 256:
@@ -49,11 +49,11 @@ def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool
     if pipelined and bn == 64 and ctas * choose_splits(cdiv(k, 64), ctas, sms) < target:
         # the grid stays short of two CTAs per SM even split over K (k: the GEMM's depth): twice the
         # CTAs, each a shorter chain (every batch-1 conv of a 132-SM GPU; at batch 16 the split
-        # 32x64 tile was measured faster: docs/perf-notes.md, session 22)
+        # 32x64 tile was measured faster on the H100 and the H200)
         bn = 32
     if tc and bm * bn > 64 * 64:
         # 8 warps (32x32 each): 4 warps would hold 64 accumulators per thread, ~190-255 registers,
-        # and measured slower at every shape where both ran (docs/perf-notes.md, session 3)
+        # and measured slower at every shape where both ran
         return (bm, bn, 4, 2) if bm >= bn else (bm, bn, 2, 4)
     return bm, bn, 2, 2
 

@@ -1,29 +1,28 @@
-"""Measured tiles: the candidate tiles of each GEMM conv and gate (what tools/tune_tiles.py times)
-and the tuning file that records the fastest per op, which GpuExecutor(tiles=...) then uses instead
-of ops.choose_tile's guess.
+"""Measured tiles: the candidate tiles of each GEMM conv and gate (what `jetson-tune` times) and the
+tuning file that records the fastest per op, which the executor then uses instead of the built-in
+rules (jetson_unet.ops.tiles) when its KernelPolicy finds or names one.
 
 A tuning file belongs to one (model config, device, SM count, precision, batch): tiles that win on
 an H100 at batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made
 for other ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "config",
-"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo, ks, mt}}, ...measurements}; halo (the
-halo conv, kernels/conv_halo.cu), ks (k slices of the cp.async conv) and mt (its M tiles per CTA)
-may be absent (0, 1, 1) in files written before they existed.
+"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo, ks}}, ...measurements}; halo (the halo
+conv, kernels/conv_halo.cu) and ks (k slices of the cp.async conv) may be absent (0, 1).
 
-Where the executor finds them (`find_tiles`, unless told otherwise): $JETSON_UNET_TILES, else
-~/.cache/jetson-unet/tiles (where `tools/tune_tiles.py` writes by default), then the files shipped
-in runtime/tiles/ (measured on the lent H100, see docs/perf-notes.md). The file name carries the
-device, so one folder serves several GPUs.
+Where `find_tiles` looks: the user's folder (jetson_unet.paths.user_tiles_dir: $JETSON_UNET_TILES,
+else ~/.cache/jetson-unet/tiles, where `jetson-tune` writes), then the files shipped as package data
+(jetson_unet.tiles, measured on the lent H100 and H200). The file name carries the device, so one
+folder serves several GPUs.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.errors import ConfigError
+from jetson_unet.paths import shipped_tiles_dir, user_tiles_dir
 from jetson_unet.model.plan import CONV, GATE, Op
 from jetson_unet.ops.conv_halo import HALO_STAGES, conv_geom, halo_problems
 from jetson_unet.ops.common import MAX_STAGES, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, k_residual
@@ -32,8 +31,7 @@ from jetson_unet.ops.conv import check_key, conv_matrix, gate_key, gemm_key
 from jetson_unet.ops.specs import kernel_kind, op_spec
 
 FORMAT = 1
-ENV = "JETSON_UNET_TILES"
-SHIPPED = Path(__file__).resolve().parent.parent / "tiles"
+SHIPPED = shipped_tiles_dir()
 # (BM, BN, WM, WN): 4-warp tiles from 32x32 to 128x64, and 8-warp ones for 128-row / 128-column tiles
 TC_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 2, 2),
             (64, 128, 2, 2), (128, 64, 4, 2), (64, 128, 2, 4), (128, 128, 4, 2), (64, 64, 2, 1))
@@ -75,7 +73,7 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     else:
         widest = max(32, 1 << (n - 1).bit_length())   # no BN wider than N rounded up to a power of two
         shapes = [s for s in (TC_TILES if tc else FFMA_TILES) if s[1] <= widest]
-    pipe = bool(ctx.conv_stages) and tc and key.vec == VEC_MAX[ctx.precision]
+    pipe = tc and key.vec == VEC_MAX[ctx.precision]
     out = [TileChoice(heur.bm, heur.bn, heur.wm, heur.wn, heur.bk, heur.stages, halo=int(heur.halo))]
     for bm, bn, wm, wn in shapes:
         variants = []
@@ -150,15 +148,6 @@ def with_splits(t: TileChoice, segments: List[int]) -> List[TileChoice]:
     return [dataclasses.replace(t, splits=s) for s in SPLITS if s <= max(1, nk // 2)]
 
 
-def with_mts(t: TileChoice, mts: Sequence[int]) -> List[TileChoice]:
-    """`t` with each count of M tiles per CTA (> 1; ops.TileChoice.mt) where its kernel can run
-    several: the cp.async conv without k slices (not the halo conv; gates are the caller's to leave
-    out); no split-K with them."""
-    if not t.stages or t.halo or t.ks != 1:
-        return []
-    return [dataclasses.replace(t, mt=m, splits=1) for m in mts if m > 1]
-
-
 def dump_tiles(path: Path, tiles: Mapping[str, TileChoice], meta: Mapping[str, Any]) -> None:
     doc = dict(meta)
     doc["format"] = FORMAT
@@ -175,13 +164,17 @@ def load_tiles(path: Path, precision: str, batch: int, sms: int, config: Any = N
     try:
         doc = json.loads(path.read_text())
         tiles = {str(k): TileChoice(**{f: int(v[f]) for f in ("bm", "bn", "wm", "wn", "bk", "stages", "splits")},
-                                    halo=int(v.get("halo", 0)), ks=int(v.get("ks", 1)), mt=int(v.get("mt", 1)))
+                                    halo=int(v.get("halo", 0)), ks=int(v.get("ks", 1)))
                  for k, v in doc["tiles"].items()}
+        several = sorted(k for k, v in doc["tiles"].items() if int(v.get("mt", 1)) != 1)
         made = (str(doc["precision"]), int(doc["batch"]), int(doc["sms"]))
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the tuning file ({e.strerror or e})") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{path}: not a tuning file of format {FORMAT} ({type(e).__name__}: {e})") from None
+    if several:   # an older tuner's kernels with several M tiles per CTA, which no longer exist
+        raise ConfigError(f"{path}: {several[0]} asks for several M tiles per CTA, which this version does not "
+                          "have; measure the tiles again with jetson-tune")
     if made != (precision, int(batch), int(sms)):
         raise ConfigError(f"{path}: tiles measured for {made[0]} batch {made[1]} on {made[2]} SMs, "
                           f"not {precision} batch {batch} on {sms} SMs")
@@ -190,15 +183,10 @@ def load_tiles(path: Path, precision: str, batch: int, sms: int, config: Any = N
     return tiles
 
 
-def tiles_dirs(environ: Mapping[str, str] = os.environ) -> List[Path]:
-    """Where find_tiles looks, first match wins: $JETSON_UNET_TILES (or the user cache), then the
-    shipped files."""
-    if environ.get(ENV):
-        first = Path(environ[ENV])
-    else:
-        base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        first = Path(base) / "jetson-unet" / "tiles"
-    return [first, SHIPPED]
+def tiles_dirs() -> List[Path]:
+    """Where find_tiles looks, first match wins: the user's tuning files (jetson_unet.paths), then
+    the shipped ones."""
+    return [user_tiles_dir(), SHIPPED]
 
 
 def file_name(device: str, sms: int, precision: str, batch: int) -> str:
@@ -208,8 +196,8 @@ def file_name(device: str, sms: int, precision: str, batch: int) -> str:
 
 
 def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> str:
-    """What the CLI says when find_tiles found nothing for this GPU: it runs the built-in tiles (on the
-    H200 in session 22 a call was 2.5% / 1.5% slower at batch 1 / 16 with them, docs/perf-notes.md)."""
+    """What the executor says when find_tiles found nothing for this GPU: it runs the built-in tiles (on
+    the H200 a call was 2.5% / 1.5% slower at batch 1 / 16 with them than with its measured ones)."""
     return (f"no measured tiles for {device} ({sms} SMs), {precision}, batch {batch}: built-in tiles; "
             f"`jetson-tune --precision {precision} --batch {batch}` measures them once "
             "(a few minutes)")

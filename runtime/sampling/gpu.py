@@ -18,15 +18,13 @@ gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (fi
     redrawn on the host, so the images are always the spec's stream).
 Streams: on an H100 a process in which a few plain (non-graph) kernel launches went to a second
     stream runs every later kernel launch ~0.2 us slower for good, graphs included (a batch-1 U-Net
-    call 400 -> 427 us); graph launches on other streams do not do that (docs/perf-notes.md session
-    15). So in gpu mode plain launches go to the compute stream only: the side stream's draws are
+    call 400 -> 427 us); graph launches on other streams do not do that. So in gpu mode plain launches go to the compute stream only: the side stream's draws are
     graphs, and a Pipeline keeps one compute stream for all its samplers. (cpu mode's ping-pong
     launches its second half-batch on a second stream, and pays for it.)
 """
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, List, Optional, Sequence
@@ -37,12 +35,14 @@ from jetson_unet.errors import NoiseUnsupported, RuntimeErrorBase, UsageError
 from jetson_unet.model.schedule import NoiseStream, Step, p_sample
 from jetson_unet.trace import Timeline
 from jetson_unet.executor import memory
-from jetson_unet.executor.executor import GpuExecutor, StepTables, backend_integrated, device_sm_count
+from jetson_unet.backends.base import Backend
+from jetson_unet.executor.executor import GpuExecutor, StepTables
+from jetson_unet.ops.policy import KernelPolicy
+from jetson_unet.sampling.feeds import DeviceFeed, HostFeed, nchw_to_nhwc
 from jetson_unet.ops.noise import FLAG_AMBIGUOUS, NOISE_SOURCES, DeviceNoise, draw_rows
 
 log = logging.getLogger(__name__)
 MODES = ("gpu", "cpu")
-NOISE_CHUNK = 8            # steps of noise per upload in gpu mode; device noise: rows drawn ahead
 Callback = Callable[[int, int], None]
 
 
@@ -51,29 +51,24 @@ class GpuRunError(RuntimeErrorBase):
 
 
 @contextmanager
-def nvtx(backend: Any, name: str) -> Iterator[None]:
-    """An NVTX range (Nsight Systems on a Jetson shows the phases); nothing where unsupported."""
-    push = getattr(backend, "nvtx_push", None)
-    if push is None:
-        yield
-        return
-    push(name)
+def nvtx(backend: Backend, name: str) -> Iterator[None]:
+    """An NVTX range (Nsight Systems on a Jetson shows the phases)."""
+    backend.nvtx_push(name)
     try:
         yield
     finally:
         backend.nvtx_pop()
 
 
-def nchw_to_nhwc(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
-
-
 class GpuSampler:
     """Owns the executors (one, or two half-batch ones in cpu ping-pong) and their streams."""
 
     def __init__(self, weights: Any, precision: str, batch: int, mode: str = "gpu", graphs: bool = True,
-                 backend: Any = None, noise: str = "host",
-                 stream: Any = None) -> None:
+                 backend: Optional[Backend] = None, noise: str = "host", stream: Any = None,
+                 policy: KernelPolicy = KernelPolicy()) -> None:
+        """stream: the compute stream, given by a caller that keeps one across samplers (Pipeline,
+        jetson-bench): plain launches on more than one stream slow a process's later launches.
+        policy: how the executors pick their kernels (jetson_unet.ops.policy)."""
         if mode not in MODES:
             raise UsageError(f"unknown GPU sampling mode {mode!r} (choose from {', '.join(MODES)})")
         if noise not in NOISE_SOURCES:
@@ -83,12 +78,12 @@ class GpuSampler:
         from jetson_unet.backends import get_backend
         self.backend = backend or get_backend("cupy")
         self.mode, self.batch, self.precision = mode, int(batch), precision
-        self.graphs = bool(graphs) and getattr(self.backend, "supports_graphs", True)   # pycuda: none
+        self.graphs = bool(graphs) and self.backend.supports_graphs   # pycuda: none
         # Memory: the whole sampler must fit before anything is compiled, pinned or uploaded (on a
         # Jetson its pinned buffers too: jetson_unet.executor.memory.check_fits). gpu mode checks its one
         # executor's own estimate plus the sampler's tables; cpu mode estimates both halves first.
-        sms, free = device_sm_count(self.backend), self.backend.mem_info()[0]
-        integrated = backend_integrated(self.backend)
+        sms, free = policy.device_sms(self.backend), self.backend.mem_info()[0]
+        integrated = self.backend.integrated()
 
         def at(b: int) -> memory.MemoryEstimate:
             return memory.estimate(weights, precision, b, sms, mode, noise)
@@ -98,11 +93,9 @@ class GpuSampler:
         halves = memory.halves(batch, mode)
         if len(halves) > 1:
             memory.check_fits(at(batch), free, integrated, at)
-        self.executors = [GpuExecutor(weights, precision, b, self.backend, fits=fits if len(halves) == 1 else None)
-                          for b in halves]
+        self.executors = [GpuExecutor(weights, precision, b, self.backend, policy=policy,
+                                      fits=fits if len(halves) == 1 else None) for b in halves]
         self.config = weights.config
-        # stream: the compute stream, given by a caller that keeps one across samplers (Pipeline,
-        # jetson-bench): plain launches on more than one stream slow a process's later launches
         self.compute = [stream or self.backend.stream()] + [self.backend.stream() for _ in halves[1:]]
         self.copy = self.backend.stream()
         self.noise = noise
@@ -253,7 +246,7 @@ class GpuSampler:
                 if not self._dnoise.exact:
                     log.warning("this NumPy's log1pf is neither glibc's nor correctly rounded: device noise "
                                 "values beyond |z| = 3.65 (~1e-5 of them) may differ from NumPy's by 1 ulp")
-        if self.noise == "host":   # device noise needs them only to redraw a flagged run (_HostFeed)
+        if self.noise == "host":   # device noise needs them only to redraw a flagged run (HostFeed)
             self._host_noise = be.pinned((T, n), np.float32)
         self._host_tab = {"coef": be.pinned((T, 3), np.float32), "noise_row": be.pinned((T,), np.int32),
                           "t_of_step": be.pinned((T,), np.int32), "counter": be.pinned((1,), np.int32)}
@@ -289,7 +282,7 @@ class GpuSampler:
         be.h2d(self._off["counter"], tab["counter"], s0)
         done = self._done   # step s records done[s % 2]; the host waits for step s - 1 after enqueuing s
         n_rows = int(rows[-1]) + 1 if len(rows) else 0
-        feed = (_DeviceFeed if source == "device" else _HostFeed)(self, seed, n_rows, s0)   # x_T goes in first
+        feed = (DeviceFeed if source == "device" else HostFeed)(self, seed, n_rows, s0)   # x_T goes in first
         try:
             for s, st in enumerate(steps):
                 feed.before_step(int(rows[s]) + 1 if st.sigma > 0 else 0, s0)
@@ -332,117 +325,3 @@ class GpuSampler:
         ev = self.backend.event(timing=False)
         ev.record(self.copy)
         self.backend.wait(s0, ev)
-
-
-class _HostFeed:
-    """Host noise: x_T uploaded now; the rows drawn by a producer thread and uploaded on the copy
-    stream as they come, the compute stream waiting for each upload before the steps that read it."""
-
-    def __init__(self, sampler: GpuSampler, seed: int, n_rows: int, s0: Any) -> None:
-        be, ex, c = sampler.backend, sampler.executors[0], sampler.config
-        noise = NoiseStream(seed, (sampler.batch, c.channels, c.image_size, c.image_size))
-        ex._host_x[...] = nchw_to_nhwc(noise.draw())
-        be.h2d(ex.x_ptr, ex._host_x, s0)
-        if sampler._host_noise is None:   # pinned rows, only once host noise is used
-            sampler._host_noise = be.pinned((c.timesteps, sampler.batch * sampler.image_elems), np.float32)
-        self.sampler, self.uploaded = sampler, 0
-        self.producer = _NoiseProducer(noise, sampler._host_noise, n_rows)
-        self.producer.start()
-
-    def before_step(self, need: int, s0: Any) -> None:
-        """Rows [0, need) must be on the device before the next step."""
-        p = self.producer
-        ready = p.wait_rows(need) if need > self.uploaded else p.ready
-        if ready > self.uploaded:      # whatever the producer has drawn so far goes up now
-            self.sampler._upload_rows(self.uploaded, ready, s0)
-            self.uploaded = ready
-
-    def after_step(self, need: int) -> None:
-        """Nothing to enqueue: the producer thread draws ahead on its own."""
-
-    def halt(self) -> None:
-        self.producer.halt()
-
-
-class _DeviceFeed:
-    """Device noise on sampler.side (the compute stream itself without graphs): x_T into the
-    executor's input (NHWC), then the rows, each drawn at least NOISE_CHUNK rows ahead of the step
-    that reads it, in draws of doubling size (1, 1, 2, 4, ... rows, at most the generator's
-    capacity): a draw costs mostly a fixed ~60 us on an H100, so 8 draws at batch 1 instead of 99.
-    The compute stream waits on a draw's event between graph replays, never inside the captured
-    step."""
-
-    def __init__(self, sampler: GpuSampler, seed: int, n_rows: int, s0: Any) -> None:
-        be, ex, c, dn = sampler.backend, sampler.executors[0], sampler.config, sampler._dnoise
-        dn.seed(seed, sampler.side)
-        dn.draw(ex.x_ptr, sampler.side, nhwc=(c.channels, c.image_size * c.image_size))
-        ev = be.event(timing=False)
-        ev.record(sampler.side)
-        be.wait(s0, ev)
-        self.sampler, self.n_rows, self.waited = sampler, n_rows, 0
-        self.events: List[Any] = []    # per row: the event of the draw that wrote it
-
-    def before_step(self, need: int, s0: Any) -> None:
-        """Rows [0, need) drawn (only what is missing: the first step waits for x_T and row 0, not
-        for the rows drawn ahead) and waited for by the compute stream."""
-        self._draw(need)
-        if need > self.waited:
-            self.sampler.backend.wait(s0, self.events[need - 1])
-            self.waited = need
-
-    def after_step(self, need: int) -> None:
-        """With the step enqueued: rows up to NOISE_CHUNK past it, on sampler.side."""
-        self._draw(need + NOISE_CHUNK)
-
-    def _draw(self, upto: int) -> None:
-        s = self.sampler
-        be, row_bytes, drawn = s.backend, 4 * s.batch * s.image_elems, len(self.events)
-        while drawn < min(self.n_rows, upto):
-            k = min(max(1, drawn), s._dnoise.rows, self.n_rows - drawn)
-            s._dnoise.draw(s._off["noise"] + row_bytes * drawn, s.side, rows=k)
-            ev = be.event(timing=False)
-            ev.record(s.side)
-            self.events += [ev] * k
-            drawn += k
-
-    def halt(self) -> None:
-        """Nothing to stop: draws in flight are waited for by run() or close()."""
-
-
-class _NoiseProducer(threading.Thread):
-    """Draws the noisy steps' z in the spec's order straight into pinned rows (NCHW: no transpose or
-    copy on the host), NOISE_CHUNK rows at a time, ahead of the GPU: NumPy's generator releases the
-    GIL while it fills an array, so drawing overlaps the host's launching and the GPU's work."""
-
-    def __init__(self, noise: NoiseStream, host: np.ndarray, n_rows: int) -> None:
-        super().__init__(name="noise-producer", daemon=True)
-        self.noise, self.host, self.n_rows = noise, host, n_rows
-        self.ready, self.error, self._stop_flag = 0, None, False
-        self._cond = threading.Condition()
-
-    def run(self) -> None:
-        try:
-            for r in range(self.n_rows):
-                if self._stop_flag:
-                    return
-                self.noise.draw(out=self.host[r].reshape(self.noise.shape))   # NCHW, as final_conv's step reads it
-                if (r + 1) % NOISE_CHUNK == 0 or r + 1 == self.n_rows:
-                    with self._cond:
-                        self.ready = r + 1
-                        self._cond.notify_all()
-        except BaseException as e:   # surfaced in the sampling thread by wait_rows
-            with self._cond:
-                self.error = e
-                self._cond.notify_all()
-
-    def wait_rows(self, k: int) -> int:
-        with self._cond:
-            while self.ready < k and self.error is None:
-                self._cond.wait()
-        if self.error is not None:
-            raise self.error
-        return self.ready
-
-    def halt(self) -> None:
-        self._stop_flag = True
-        self.join()

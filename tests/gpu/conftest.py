@@ -1,10 +1,4 @@
-"""GPU tests: skipped when no GPU is usable (the backend raises BackendUnavailable).
-
-Tests that take `conv_variant` run with the runtime's default conv kernels (the cp.async conv with
-DEFAULT_STAGES stages, id conv-s3) and, when $JETSON_UNET_CONV_STAGES names another variant (0: the
-register-staged conv_gemm; 2..6 stages), once more with that one:
-    JETSON_UNET_CONV_STAGES=0 python3 -m pytest -m gpu tests/gpu/test_gpu_ops.py tests/gpu/test_gpu_unet.py
-"""
+"""GPU tests: skipped when no GPU is usable (the backend raises BackendUnavailable)."""
 from __future__ import annotations
 
 import os
@@ -15,11 +9,6 @@ import numpy as np
 import pytest
 
 from jetson_unet.errors import BackendUnavailable
-
-from jetson_unet.ops.common import DEFAULT_STAGES, STAGES_ENV, stages_from_env  # noqa: E402
-
-CONV_VARIANTS = list(dict.fromkeys([DEFAULT_STAGES, stages_from_env()]))
-
 
 @pytest.fixture(scope="session")
 def backend() -> Any:
@@ -62,31 +51,6 @@ def report(line: str) -> None:
     if path:
         with open(path, "a") as f:
             f.write(line + "\n")
-
-
-def pytest_generate_tests(metafunc: Any) -> None:
-    if "conv_variant" in metafunc.fixturenames:
-        metafunc.parametrize("conv_variant", CONV_VARIANTS, ids=[f"conv-s{s}" for s in CONV_VARIANTS],
-                             indirect=True)
-
-
-@pytest.fixture
-def conv_variant(request: Any, monkeypatch: Any) -> int:
-    """The conv kernel family executors built in this test get: 0 = conv_gemm, n = cp.async, n stages."""
-    stages = getattr(request, "param", DEFAULT_STAGES)
-    monkeypatch.setenv(STAGES_ENV, str(stages))
-    return stages
-
-
-def variant_applies(conv_variant: int, precision: str) -> bool:
-    """Whether this (variant, precision) case is worth running: fp32 runs conv_gemm (FFMA) whatever
-    the variant, so it runs once, under the first variant."""
-    return precision != "fp32" or conv_variant == CONV_VARIANTS[0]
-
-
-def expects_pipelined(conv_variant: int, precision: str) -> bool:
-    """Whether an executor of this case should launch cp.async conv kernels at all."""
-    return bool(conv_variant) and precision != "fp32"
 
 
 def pipelined_symbols(ex: Any) -> list:

@@ -1,5 +1,6 @@
-"""Fakes of the cubin toolchain for the CPU tests: a minimal CUDA ELF, a backend with the CuPy
-seam's cubin methods, CuPy's NVRTC binding and RawModule, an nvcc script, a prepare compiler."""
+"""Fakes of the cubin toolchain for the CPU tests: a minimal CUDA ELF, a backend that loads cubins
+(as CuPy's does), CuPy's NVRTC binding and RawModule, an nvcc script, and a `Compiler` that records
+what it builds (the loader's `compiler=` and `jetson-sample --prepare`'s)."""
 from __future__ import annotations
 
 import re
@@ -11,7 +12,6 @@ from pathlib import Path
 from fakes import FakeBackend, FakeModule
 
 from jetson_unet.errors import KernelCompileError
-from jetson_unet.build import aot
 from jetson_unet.build import compilers
 from jetson_unet.build import cache as cubins
 from jetson_unet.backends.cupy import CupyBackend
@@ -31,21 +31,16 @@ def symbols_of(source: str):
 
 
 class CubinBackend(FakeBackend):
-    """FakeBackend with the CuPy seam's cubin methods; load_cubin refuses (AssertionError) anything
-    that a real driver should never have been handed."""
+    """FakeBackend that loads cubins, as CuPy's does (compiler "nvrtc": the loader builds its cubins
+    with NVRTC, or with the Compiler a test hands it); load_cubin refuses (AssertionError) anything
+    that a real driver should never have been handed, and the driver's refusal of the files named in
+    `refuse`. Modules that go through compile_source land in `compiled` (FakeBackend's)."""
+    compiler = "nvrtc"
 
-    def __init__(self, toolchain="nvrtc 12.6", arch=87, refuse=()):
+    def __init__(self, arch=87, refuse=()):
         super().__init__(arch=arch)
-        self._toolchain, self.refuse = toolchain, set(refuse)
-        self.builds, self.loads = [], []
-
-    def toolchain(self):
-        return self._toolchain
-
-    def compile_cubin(self, source, name, options, arch):
-        self.builds.append((name, tuple(options), arch))
-        assert f"--gpu-architecture=sm_{arch}" in options
-        return fake_cubin(arch, symbols_of(source))
+        self.refuse = set(refuse)
+        self.loads = []
 
     def load_cubin(self, path, symbols=()):
         data = Path(path).read_bytes()
@@ -54,7 +49,6 @@ class CubinBackend(FakeBackend):
         if Path(path).name in self.refuse:
             raise KernelCompileError(str(path), (), "CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid")
         return FakeModule(self.launches, self)
-
 
 
 class FakeNvrtc:
@@ -90,37 +84,61 @@ class FakeNvrtc:
 
 
 class FakeRawModule:
+    """cupy.RawModule: path= a cubin (its kernels looked up as the driver would), or code= source
+    that CuPy's own NVRTC path compiles lazily (any kernel then exists)."""
+
     def __init__(self, code=None, options=(), path=None):
-        self.path = path
+        self.code, self.options, self.path = code, tuple(options), path
 
     def get_function(self, name):
-        if b".text." + name.encode() + b"\0" not in Path(self.path).read_bytes():
+        if self.path is not None and b".text." + name.encode() + b"\0" not in Path(self.path).read_bytes():
             raise RuntimeError("CUDA_ERROR_NOT_FOUND: named symbol not found")
         return ("kernel", name)
 
 
-def fake_cupy_backend(nvrtc):
-    be = CupyBackend.__new__(CupyBackend)     # no device: only the compile path is exercised
+def fake_cupy_backend():
+    """A CupyBackend over a fake `cupy` (no device): only its module paths are exercised, load_cubin
+    and compile_source; it compiles no cubins itself (jetson_unet.build.compilers does)."""
+    be = CupyBackend.__new__(CupyBackend)
     be.cp = types.SimpleNamespace(RawModule=FakeRawModule, cuda=types.SimpleNamespace(
-        nvrtc=nvrtc, compiler=types.SimpleNamespace(CompileException=type("CE", (Exception,), {}))))
+        compiler=types.SimpleNamespace(CompileException=type("CE", (Exception,), {}))))
     return be
 
 
+def cupy_nvrtc(monkeypatch, nvrtc=None):
+    """Make `nvrtc` (default a new FakeNvrtc) what compilers.runtime_compiler("nvrtc") finds as CuPy's
+    binding (cupy.cuda.nvrtc), so that a backend whose compiler is "nvrtc" builds through it when the
+    loader is handed no compiler (the executor's KernelSet). Returns it: its `calls` are the builds."""
+    nvrtc = nvrtc if nvrtc is not None else FakeNvrtc()
+    real = compilers.nvrtc_module
+    monkeypatch.setattr(compilers, "nvrtc_module", lambda mod=None: real(mod) if mod is not None else nvrtc)
+    return nvrtc
+
+
+def hide_nvcc(monkeypatch, tmp_path):
+    """No nvcc to be found here: not on PATH, no $CUDA_ROOT / $CUDA_HOME / $CUDA_PATH, no CUDA_ROOTS."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-nvcc-here"))
+    for var in ("CUDA_ROOT", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(compilers, "CUDA_ROOTS", ())
+
 
 FAKE_NVCC = r"""#!/bin/sh
-# A stand-in for nvcc: --version, --list-gpu-arch, and -cubin writing a fake CUDA ELF.
+# A stand-in for nvcc: --version, --list-gpu-arch, and -cubin writing a fake CUDA ELF (a source
+# holding BROKEN fails as a compile error does).
 case "$1" in
   --version) echo "nvcc: NVIDIA (R) Cuda compiler driver"; echo "Cuda compilation tools, release 12.6, V12.6.68"; exit 0;;
   --list-gpu-arch) echo compute_75; echo compute_87; exit 0;;
 esac
 echo "$@" > "$(dirname "$0")/args"
-out=""; prev=""
-for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+out=""; prev=""; src=""
+for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; src="$a"; done
 case "$*" in *-arch=sm_72*) echo "nvcc fatal   : Unsupported gpu architecture 'sm_72'"; exit 1;; esac
+if grep -q BROKEN "$src"; then
+  echo "$(basename "$src")(3): error: identifier \"x\" is undefined"; echo "1 error detected"; exit 2
+fi
 cp "$(dirname "$0")/payload" "$out"
 """
-
-
 
 
 def write_fake_nvcc(folder: Path, payload: bytes) -> Path:
@@ -131,12 +149,13 @@ def write_fake_nvcc(folder: Path, payload: bytes) -> Path:
     return nvcc
 
 
-def fake_compiler(log, toolchain="nvrtc 12.6", unsupported=()):
+def fake_compiler(log, toolchain="nvrtc 12.6", unsupported=(), kind="nvrtc"):
+    """A jetson_unet.build.compilers.Compiler that appends (arch, source name) to `log` per build and
+    returns a fake cubin of the source's kernels; ArchUnsupported for an arch in `unsupported`."""
     def build(src, name, options, arch):
         log.append((arch, name))
+        assert f"--gpu-architecture=sm_{arch}" in options, options
         if arch in unsupported:
             raise compilers.ArchUnsupported(name, options, f"{toolchain} cannot target sm_{arch}")
         return fake_cubin(arch, symbols_of(src))
-    return aot.Compiler("nvrtc", toolchain, build)
-
-
+    return compilers.Compiler(kind, toolchain, build)

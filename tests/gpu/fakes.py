@@ -53,10 +53,6 @@ class FakeFunction:
         if be is not None:
             be.launch_streams.append((stream, kind))
 
-    def launch_pdl(self, grid: Tuple[int, ...], block: Tuple[int, ...], params: Any, shared_mem: int,
-                   stream: Any) -> None:
-        """As CupyFunction.launch_pdl: logged as a launch of the packed arguments, kind "pdl"."""
-        self.launch(grid, block, params.args, shared_mem, stream, kind="pdl")
 
 
 class FakeGraph:
@@ -94,7 +90,11 @@ class FakeEvent:
 
 
 class FakeBackend:
+    """jetson_unet.backends.base.Backend over host memory that does not exist: addresses are numbers,
+    launches are logged, modules come from compile_source (no cubins: compiler None)."""
     name = "fake"
+    supports_graphs = True
+    compiler = None
 
     def __init__(self, free: int = 8 << 30, arch: int = 87, sms: int = 8, integrated: bool = False) -> None:
         self.free, self._arch, self._sms, self._integrated = free, arch, sms, integrated
@@ -149,7 +149,17 @@ class FakeBackend:
     def d2h(self, host: np.ndarray, src: int, stream: Any) -> None:
         pass
 
-    def compile(self, source: str, name: str, options: Tuple[str, ...], symbols: Sequence[str] = ()) -> FakeModule:
+    def nvtx_push(self, name: str) -> None:
+        pass
+
+    def nvtx_pop(self) -> None:
+        pass
+
+    def load_cubin(self, path: Any, symbols: Sequence[str] = ()) -> FakeModule:
+        raise AssertionError("a backend without a compiler is never handed a cubin")
+
+    def compile_source(self, source: str, name: str, options: Tuple[str, ...],
+                       symbols: Sequence[str] = ()) -> FakeModule:
         self.compiled.append((source, options, tuple(symbols)))
         return FakeModule(self.launches, self)
 

@@ -1,11 +1,10 @@
 """The tile variants the tuner may pick beyond the built-in kernels, on the GPU: the halo conv
-(kernels/conv_halo.cu), the k-sliced cp.async conv (kernels/conv_pipe.cu, ConvKey.ks), the one
-that runs several M tiles per CTA (ConvKey.persist; tools/tune_tiles.py --mt) and the cp.async conv
-whose ring lives in dynamic smem (ops.deep_ring). Every op
-each can run, with every such tile the tuner would time (tools/tune_tiles.py candidates) and with
-split-K, against the float64 reference op by op (test_gpu_ops.check_all_ops: teacher forcing,
-NaN-poisoned outputs); then a whole batch-16 call with those tiles wherever they apply against the
-default kernels."""
+(kernels/conv_halo.cu), the k-sliced cp.async conv (kernels/conv_pipe.cu, ConvKey.ks) and the
+cp.async conv whose ring lives in dynamic smem (jetson_unet.ops.conv_pipe.deep_ring). Every op each
+can run, with every such tile the tuner (`jetson-tune`) would time (jetson_unet.ops.tuning.candidates)
+and with split-K, against the float64 reference op by op (test_gpu_ops.check_all_ops: teacher
+forcing, NaN-poisoned outputs); then a whole batch-16 call with those tiles wherever they apply
+against the default kernels."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +12,8 @@ import pytest
 
 from conftest import report
 from jetson_unet.model.config import UNetConfig
-from jetson_unet.executor.executor import GpuExecutor, device_sm_count
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.ops.policy import KernelPolicy
 from test_gpu_ops import OP_TOL, W, check_all_ops
 from test_gpu_unet import UNET_TOL
 from tile_rounds import KINDS, halo_rounds, halo_symbols
@@ -24,12 +24,13 @@ from tile_rounds import KINDS, halo_rounds, halo_symbols
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_every_halo_or_sliced_tile_matches_reference(backend, precision, kind):
     weights = W(UNetConfig(), seed=7)
-    sms = device_sm_count(backend)
+    sms = backend.sm_count()
     rounds, keys = halo_rounds(weights, precision, 2, sms, kind)
     l2_tol, max_tol = OP_TOL[precision]
     bad, worst, ran = [], (0.0, ""), 0
     for tiles in rounds:
-        with GpuExecutor(weights, precision, batch=2, backend=backend, tiles=tiles, extra_keys=keys) as ex:
+        with GpuExecutor(weights, precision, batch=2, backend=backend, policy=KernelPolicy(tiles=tiles),
+                         extra_keys=keys) as ex:
             syms = halo_symbols(ex, kind)
             assert len(syms) == len(tiles), (len(syms), len(tiles))
             for name, sym, l2, mx in check_all_ops(ex, weights, seed=21):
@@ -52,13 +53,14 @@ def test_halo_or_sliced_unet_at_batch_16_matches_default_kernels(backend, weight
     rng = np.random.default_rng(16)
     x = rng.standard_normal((16, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
     t = (np.arange(16) * 7) % cfg.timesteps
-    sms = device_sm_count(backend)
+    sms = backend.sm_count()
     rounds, keys = halo_rounds(weights, precision, 16, sms, kind)
-    with GpuExecutor(weights, precision, batch=16, backend=backend, tiles=rounds[0], extra_keys=keys) as ex:
+    with GpuExecutor(weights, precision, batch=16, backend=backend, policy=KernelPolicy(tiles=rounds[0]),
+                     extra_keys=keys) as ex:
         n_halo = len(halo_symbols(ex, kind))
         got = ex.eps(x, t)
         again = ex.eps(x, t)
-    with GpuExecutor(weights, precision, batch=16, backend=backend, tiles={}) as ex:
+    with GpuExecutor(weights, precision, batch=16, backend=backend, policy=KernelPolicy(tiles="builtin")) as ex:
         want = ex.eps(x, t)
     assert n_halo and np.isfinite(got).all()
     assert np.array_equal(got, again), "two calls on the same input differ: a race"

@@ -1,17 +1,19 @@
 """The whole U-Net on the GPU against the float64 reference (batch 1 and 3, and the first samples of
-a batch of 16), and CUDA-graph replay of one call, with the default conv kernels (and the variant
-$JETSON_UNET_CONV_STAGES names, see conftest.py); the cp.async conv against the register-staged one
+a batch of 16), and CUDA-graph replay of one call; the cp.async conv against the register-staged one
 at batch 16 (the 128-row tiles that batch 1 and 3 do not pick on a large GPU)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from conftest import STAGES_ENV, expects_pipelined, pipelined_symbols, replayed_eps, report, variant_applies
+from conftest import pipelined_symbols, replayed_eps, report
 from jetson_unet.paths import models_dir
 from jetson_unet.model.config import UNetConfig
-from jetson_unet.executor.executor import GpuExecutor, view_layout
-from jetson_unet.ops.common import Ctx
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.model.arena import view_layout
+from jetson_unet.ops.common import Ctx, TileChoice, cdiv
+from jetson_unet.ops.keys import ConvKey
+from jetson_unet.ops.policy import KernelPolicy
 from jetson_unet.ops.tuning import builtin_tiles
 from jetson_unet.model.plan import build_plan
 from jetson_unet.model.reference import Reference
@@ -42,20 +44,18 @@ def case():
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_unet_matches_float64_reference(backend, case, precision, batch, conv_variant):
+def test_unet_matches_float64_reference(backend, case, precision, batch):
     weights, x, t, want, kind = case
-    if not variant_applies(conv_variant, precision):
-        pytest.skip("fp32 always runs conv_gemm (FFMA): tested under the first variant")
     with GpuExecutor(weights, precision, batch=batch, backend=backend) as ex:
         piped = pipelined_symbols(ex)
         got = ex.eps(x[:batch], t[:batch])
         again = ex.eps(x[:batch], t[:batch])
         rep = ex.arena_report()
-    assert bool(piped) == expects_pipelined(conv_variant, precision), piped
+    assert bool(piped) == (precision != "fp32"), piped   # fp32 runs conv_gemm (FFMA)
     assert got.shape == want[:batch].shape and got.dtype == np.float32
     assert np.isfinite(got).all()
     err = float(np.linalg.norm(got - want[:batch]) / np.linalg.norm(want[:batch]))
-    report(f"unet {kind} {precision} b{batch} conv-s{conv_variant}: rel L2 {err:.2e}; "
+    report(f"unet {kind} {precision} b{batch}: rel L2 {err:.2e}; "
            f"launches {ex.launches_per_call}; {rep['text']}")
     assert np.array_equal(got, again), "two calls on the same input differ: a race"
     assert err < UNET_TOL[precision]
@@ -63,13 +63,11 @@ def test_unet_matches_float64_reference(backend, case, precision, batch, conv_va
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_batch_16_matches_reference_on_its_first_samples(backend, case, precision, conv_variant):
+def test_batch_16_matches_reference_on_its_first_samples(backend, case, precision):
     """Batch 16 picks kernels that batch 1 and 3 do not on a large GPU (the 16-wide init_conv tile,
     ops.init_tw; the 8-wide depthwise tile; the measured batch-16 tiles): its first three samples
     are the reference case's, held to the float64 reference (the other 13 are random)."""
     weights, x, t, want, kind = case
-    if not variant_applies(conv_variant, precision):
-        pytest.skip("fp32 always runs conv_gemm (FFMA): tested under the first variant")
     cfg = weights.config
     rng = np.random.default_rng(17)
     x16 = np.concatenate([x, rng.standard_normal((13,) + x.shape[1:]).astype(np.float32)])
@@ -78,19 +76,17 @@ def test_batch_16_matches_reference_on_its_first_samples(backend, case, precisio
         inits = sorted(L.fn.symbol for L in ex.launches if L.fn.symbol.startswith("init"))
         got = ex.eps(x16, t16)[:3]
     err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-    report(f"unet {kind} {precision} b16 (first 3 samples) conv-s{conv_variant}: rel L2 {err:.2e}; {inits}")
+    report(f"unet {kind} {precision} b16 (first 3 samples): rel L2 {err:.2e}; {inits}")
     assert np.isfinite(got).all() and err < UNET_TOL[precision]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sms,batch", [(8, 1), (4, 1), (0, 16)], ids=["orin-8sm-b1", "orin-4sm-b1", "builtin-b16"])
-def test_builtin_tiles_match_reference(backend, case, sms, batch, conv_variant):
+def test_builtin_tiles_match_reference(backend, case, sms, batch):
     """The built-in tiles an untuned GPU runs, which the GPU tests above do not reach on a tuned one:
     those an Orin of 8 or 4 SMs picks at batch 1 (halo convs, split gates and split-K where its
     grids are deep), and this GPU's own at batch 16 (its first three samples are the reference case's)."""
     weights, x, t, want, kind = case
-    if not variant_applies(conv_variant, "fp16"):
-        pytest.skip("no 16-bit tiles under this variant")
     cfg = weights.config
     if batch > 3:
         rng = np.random.default_rng(18)
@@ -98,19 +94,19 @@ def test_builtin_tiles_match_reference(backend, case, sms, batch, conv_variant):
         t = np.concatenate([t, (np.arange(batch - 3) * 11) % cfg.timesteps])
     plan = build_plan(cfg)
     tiles = builtin_tiles(Ctx(plan, weights.params, "fp16", batch, sms, view_layout(plan))) if sms else {}
-    with GpuExecutor(weights, "fp16", batch=batch, backend=backend, tiles=tiles) as ex:
+    with GpuExecutor(weights, "fp16", batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles)) as ex:
         kinds = sorted({L.fn.symbol.split("_")[0] + ("_h" if "_h" in L.fn.symbol else "") for L in ex.launches})
         got = ex.eps(x[:batch], t[:batch])[:3]
     n = min(batch, 3)
     err = float(np.linalg.norm(got - want[:n]) / np.linalg.norm(want[:n]))
-    report(f"unet {kind} fp16 b{batch} built-in tiles of {sms or 'this GPU'} SMs conv-s{conv_variant}: "
+    report(f"unet {kind} fp16 b{batch} built-in tiles of {sms or 'this GPU'} SMs: "
            f"rel L2 {err:.2e}; {kinds}")
     assert np.isfinite(got).all() and err < UNET_TOL["fp16"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16"])
-def test_graph_replay_equals_direct_run(backend, case, precision, conv_variant):
+def test_graph_replay_equals_direct_run(backend, case, precision):
     weights, x, t, want, _ = case
     with GpuExecutor(weights, precision, batch=3, backend=backend) as ex:
         direct = ex.eps(x, t)
@@ -120,11 +116,10 @@ def test_graph_replay_equals_direct_run(backend, case, precision, conv_variant):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_pipelined_conv_matches_conv_gemm_at_batch_16(backend, case, precision, conv_variant, monkeypatch):
+def test_pipelined_conv_matches_conv_gemm_at_batch_16(backend, case, precision):
     """Batch 16 picks the large tiles (128x64, 64x128) that the reference cases above may not reach;
-    the float64 reference is too slow there, so the cp.async conv is held to conv_gemm."""
-    if not conv_variant:
-        pytest.skip("conv-s0 is conv_gemm itself")
+    the float64 reference is too slow there, so the cp.async conv is held to conv_gemm (the 16-bit
+    register-staged kernel, forced by tiles with no stages: its odd-shape role, on every op)."""
     weights = case[0]
     cfg = weights.config
     rng = np.random.default_rng(16)
@@ -134,13 +129,24 @@ def test_pipelined_conv_matches_conv_gemm_at_batch_16(backend, case, precision, 
         piped = pipelined_symbols(ex)
         got = ex.eps(x, t)
         again = ex.eps(x, t)
-    monkeypatch.setenv(STAGES_ENV, "0")
-    with GpuExecutor(weights, precision, batch=16, backend=backend) as ex:
+    with GpuExecutor(weights, precision, batch=16, backend=backend, policy=KernelPolicy(tiles=gemm_tiles(ex))) as ex:
+        assert not pipelined_symbols(ex)
         want = ex.eps(x, t)
     assert piped and np.isfinite(got).all()
     assert np.array_equal(got, again), "two calls on the same input differ: a race"
     err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-    report(f"unet b16 {precision} conv-s{conv_variant} vs conv-s0: rel L2 {err:.2e}; cp.async tiles "
+    report(f"unet b16 {precision} cp.async vs conv_gemm: rel L2 {err:.2e}; cp.async tiles "
            f"{sorted(set(s.split('_', 2)[2] for s in piped))}")
     assert err < UNET_TOL[precision]
 
+
+def gemm_tiles(ex) -> dict:
+    """Every GEMM conv and gate of `ex` on conv_gemm: its tile without stages (BK 32, no k slices),
+    its split-K kept."""
+    out = {}
+    for s in ex.specs:
+        k = s.key
+        if isinstance(k, ConvKey):
+            splits = s.grid[0] // cdiv(ex.plan.tensors[s.op.out].size ** 2, k.bm)
+            out[s.op.out] = TileChoice(k.bm, k.bn, k.wm, k.wn, 32, 0, splits=splits)
+    return out

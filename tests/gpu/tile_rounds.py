@@ -6,30 +6,22 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from jetson_unet.executor.executor import view_layout
+from jetson_unet.model.arena import view_layout
+from jetson_unet.model.plan import build_plan
 from jetson_unet.ops.common import Ctx
 from jetson_unet.ops.conv_pipe import deep, deep_ring
 from jetson_unet.ops.specs import op_spec
-from jetson_unet.ops.tuning import candidates, tunable, with_mts
-from jetson_unet.model.plan import CONV, build_plan
-
-
-def mt_variants(cands: list, op) -> list:
-    """A conv's cp.async tiles of 3 stages with 2 M tiles per CTA (the tuner's --mt rounds), the
-    first of them also with 3; none for gates."""
-    two = [v for t in cands if t.stages == 3 for v in with_mts(t, (2,))] if op.kind == CONV else []
-    return two[:6] + [dataclasses.replace(two[0], mt=3)] if two else []
+from jetson_unet.ops.tuning import candidates, tunable
 
 
 def deep_symbol(symbol: str) -> bool:
-    m = re.search(r"_(\d+)x(\d+)x(\d+)_\d+x\d+_v\d+_s(\d+)(_k\d+)?(_f)?(_p)?$", symbol)
+    m = re.search(r"_(\d+)x(\d+)x(\d+)_\d+x\d+_v\d+_s(\d+)(_k\d+)?(_f)?$", symbol)
     return bool(m) and deep(*(int(g) for g in m.groups()[:4]))
 
 
 # kind -> (its variants of an op's candidates, whether a kernel symbol is of the kind, also with split-K)
 KINDS = {"halo": (lambda c, op: [t for t in c if t.halo], re.compile(r"_h\d+(_f)?$").search, True),
          "k slices": (lambda c, op: [t for t in c if t.ks > 1], re.compile(r"_k\d+(_f)?$").search, True),
-         "M tiles per CTA": (mt_variants, re.compile(r"_p$").search, False),
          "deep ring": (lambda c, op: [t for t in c if deep_ring(t)], deep_symbol, True)}
 
 

@@ -1,0 +1,55 @@
+"""How the GPU executor picks its kernels: one object, passed from the Pipeline (or a CLI) down to
+the executor. Nothing below it reads the environment or decides on its own.
+
+    KernelPolicy()                            # the tuning file measured for this GPU, else the built-in tiles
+    KernelPolicy(tiles="builtin")             # the built-in tile rules (jetson_unet.ops.tiles)
+    KernelPolicy(tiles="tiles-orin.json")     # that tuning file (refused unless made for this run)
+    KernelPolicy(sms=8)                       # tiles chosen for 8 SMs (a green-context slice of a larger GPU)
+
+Within the tiles, the kernel family of each op follows the rules of jetson_unet.ops (docs/kernels.md).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from jetson_unet.errors import UsageError
+from jetson_unet.ops.common import TileChoice
+from jetson_unet.ops.tuning import builtin_tiles_notice, find_tiles, load_tiles
+
+log = logging.getLogger(__name__)
+BUILTIN = "builtin"
+Tiles = Union[None, str, Path, Mapping[str, TileChoice]]
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    tiles: Tiles = None                          # None: find a tuning file; "builtin"; a file; {op: TileChoice}
+    tile_dirs: Optional[Sequence[Path]] = None   # where None looks (default: jetson_unet.ops.tuning.tiles_dirs)
+    sms: Optional[int] = None                    # the SM count tiles are chosen for (default: the device's)
+
+    def __post_init__(self) -> None:
+        if self.sms is not None and (isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1):
+            raise UsageError(f"the SM count must be a positive integer, got {self.sms!r}")
+
+    def device_sms(self, backend: Any) -> int:
+        return int(self.sms) if self.sms else int(backend.sm_count())
+
+    def resolve(self, config: Any, device: str, sms: int, precision: str,
+                batch: int) -> Tuple[Dict[str, TileChoice], Optional[str]]:
+        """(the tiles, where they come from): {} are the built-in tiles (source None); a tuning file's
+        path; "given" for a mapping."""
+        t = self.tiles
+        if t is None:
+            found = find_tiles(config, device, sms, precision, batch, self.tile_dirs)
+            if found:
+                return found[1], str(found[0])
+            log.info(builtin_tiles_notice(device, sms, precision, batch))
+            return {}, None
+        if isinstance(t, str) and t == BUILTIN:
+            return {}, None
+        if isinstance(t, (str, Path)):
+            return load_tiles(Path(t), precision, batch, sms, config), str(t)
+        return dict(t), ("given" if t else None)

@@ -1,0 +1,221 @@
+"""`jetson-tune`: measure the tile of every GEMM conv and gate on this GPU and write the fastest per op
+to a tuning file (jetson_unet.ops.tuning) that the executor then uses instead of the built-in tiles.
+
+    jetson-tune --precision fp16 --batch 1 16
+
+The files go where the executor looks for them (jetson_unet.paths.user_tiles_dir: $JETSON_UNET_TILES,
+else $XDG_CACHE_HOME/jetson-unet/tiles, ~/.cache by default), named after the GPU, SM count,
+precision and batch; from then on every executor of that batch on that GPU uses them (`--out-dir`
+writes elsewhere).
+
+Method: every candidate tile of every op (jetson_unet.ops.tuning.candidates) is compiled into one
+module (one build for all rounds); round r builds an executor whose ops each take their r-th
+candidate and times every GEMM/gate launch alone (a CUDA graph of 20 back-to-back launches, median
+of 3 event-timed windows; jetson_unet.bench.timing.per_op_times). Then the split-K factors of each
+op's fastest few tile shapes (`--split-top`, default 3) are timed the same way: a tile that loses at
+the built-in split can win at another (on an H100 at batch 16, downs.2.block1.conv1 went from 9.41
+to 8.21 us as a 32x64 tile unsplit, where the built-in rule splits it in two and the 32x32 tile had
+won the tile round). One line says on how many ops split-K won and how near its best came on the
+others (the file's "variant_us"). Last, the whole call is timed as a graph replay with the built-in
+tiles and with the tuned ones, side by side, and the eps of the two are compared (relative L2; the
+tiles change the summation order only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from jetson_unet.backends import get_backend
+from jetson_unet.bench.timing import bench_weights, per_op_times, timed
+from jetson_unet.cli import _Parser, _run, add_verbosity, set_verbosity
+from jetson_unet.errors import UsageError
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.model.arena import view_layout
+from jetson_unet.model.plan import build_plan
+from jetson_unet.ops.common import Ctx, TileChoice
+from jetson_unet.ops.policy import BUILTIN, KernelPolicy
+from jetson_unet.ops.specs import op_spec
+from jetson_unet.ops.tuning import candidates, dump_tiles, file_name, k_segments, tunable, with_splits
+from jetson_unet.paths import user_tiles_dir
+
+PROG = "jetson-tune"
+
+
+def graph_ms(ex: GpuExecutor, backend: Any, x: np.ndarray, iters: int = 100) -> float:
+    """ms per call of the executor's whole call, captured once as a CUDA graph and replayed."""
+    ex.eps(x, 50)
+    s, tp = ex.stream, ex.t_row_ptr(50)
+    backend.capture_begin(s)
+    ex.run(s, tp)
+    g = backend.capture_end(s)
+    return timed(backend, s, lambda: g.launch(s), 20, iters, 3)
+
+
+def time_rounds(weights: Any, precision: str, batch: int, backend: Any, rounds: List[Dict[str, TileChoice]],
+                names: Sequence[str], extra: Sequence[Any]) -> Dict[str, list]:
+    """{op: [(us, TileChoice), ...]} over executors built with each round's tiles."""
+    seen: Dict[str, list] = {n: [] for n in names}
+    for i, tiles in enumerate(rounds):
+        t0 = time.perf_counter()
+        with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles),
+                         extra_keys=extra) as ex:
+            for name, _sym, _grid, us in per_op_times(ex, backend, only=set(tiles)):
+                seen[name].append((us, tiles[name]))
+        print(f"  round {i + 1}/{len(rounds)}: {len(tiles)} ops, {time.perf_counter() - t0:.1f} s", flush=True)
+    return seen
+
+
+def as_rounds(cands: Dict[str, List[TileChoice]]) -> List[Dict[str, TileChoice]]:
+    """Round r: every op's r-th candidate (ops with fewer sit out)."""
+    width = max((len(c) for c in cands.values()), default=0)
+    return [{n: c[r] for n, c in cands.items() if r < len(c)} for r in range(width)]
+
+
+def variant_summary(batch: int, label: str, rec: Dict[str, Dict[str, float]]) -> str:
+    """One line: on how many ops a variant kind won, and the spread of its best time against each
+    op's best without it (negative: faster)."""
+    pct = sorted(100.0 * (r["best"] / r["without"] - 1.0) for r in rec.values())
+    return (f"b{batch} {label}: faster on {sum(p < 0 for p in pct)} of {len(pct)} ops; its best against the "
+            f"op's best without it: median {pct[len(pct) // 2]:+.1f}% ({pct[0]:+.1f}% .. {pct[-1]:+.1f}%)")
+
+
+def top_shapes(timings: list, n: int) -> List[TileChoice]:
+    """The fastest variant of each of the n fastest tile shapes (BM, BN, warps, halo, k slices) of an
+    op's [(us, TileChoice)], fastest first."""
+    out, shapes = [], set()
+    for _us, t in sorted(timings, key=lambda r: r[0]):
+        shape = (t.bm, t.bn, t.wm, t.wn, t.halo, t.ks)
+        if shape not in shapes:
+            shapes.add(shape)
+            out.append(t)
+    return out[:n]
+
+
+def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence[Any],
+         cands: Dict[str, List[TileChoice]], ksegs: Dict[str, List[int]], out_dir: Path, split_top: int = 3,
+         command: str = PROG) -> Dict[str, Any]:
+    """Time the candidates, then the split-K factors of each op's `split_top` fastest tile shapes;
+    write the tuning file of this batch into out_dir and return what it records."""
+    names = list(cands)
+    rounds = as_rounds(cands)
+    print(f"b{batch}: {len(names)} ops, {len(rounds)} tile rounds", flush=True)
+    seen = time_rounds(weights, precision, batch, backend, rounds, names, extra)
+    best = {n: min(seen[n], key=lambda r: r[0]) for n in names}
+    heur = {n: seen[n][0][0] for n in names}   # candidate 0 is the built-in rule's tile
+    label = "split-K"
+    splits = {n: [v for t in top_shapes(seen[n], split_top) for v in with_splits(t, ksegs[n]) if v != best[n][1]]
+              for n in names}
+    rounds = as_rounds(splits)
+    print(f"b{batch}: {len(rounds)} {label} rounds", flush=True)
+    rec: Dict[str, Dict[str, float]] = {}   # how near split-K came where it lost
+    for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra).items():
+        if rs:
+            top = min(rs, key=lambda r: r[0])
+            rec[n] = {"without": best[n][0], "best": top[0]}
+            if top[0] < best[n][0]:
+                best[n] = top
+    if rec:
+        print(variant_summary(batch, label, rec), flush=True)
+    tiles = {n: best[n][1] for n in names}
+
+    cfg = weights.config
+    x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
+    with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=BUILTIN),
+                     extra_keys=extra) as ex:
+        base_ms, base_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
+    with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles),
+                     extra_keys=extra) as ex:
+        tuned_ms, tuned_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
+    rel = float(np.linalg.norm(tuned_eps - base_eps) / max(float(np.linalg.norm(base_eps)), 1e-30))
+    print(f"b{batch} {precision}: graph {base_ms:.3f} ms built-in -> {tuned_ms:.3f} ms tuned "
+          f"({base_ms / tuned_ms:.2f}x); eps rel L2 {rel:.1e}; per op (us, built-in -> tuned):")
+    for n in sorted(names, key=lambda n: heur[n] - best[n][0], reverse=True):
+        t = best[n][1]
+        print(f"  {heur[n]:7.2f} -> {best[n][0]:7.2f}  {n:28s} {t.bm}x{t.bn}x{t.bk} {t.wm}x{t.wn} "
+              f"{'h' if t.halo else 's'}{t.stages}{f' k{t.ks}' if t.ks > 1 else ''} split {t.splits or '-'}")
+    sms = backend.sm_count()
+    meta = {"device": backend.device_name(), "sms": sms, "precision": precision, "config": cfg.to_dict(),
+            "batch": batch, "graph_ms_heuristic": base_ms, "graph_ms_tuned": tuned_ms, "eps_rel_l2": rel,
+            "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names},
+            "variant_us": {label: rec}, "measured_by": command}
+    path = out_dir / file_name(meta["device"], sms, precision, batch)
+    dump_tiles(path, tiles, meta)
+    print(f"wrote {path}")
+    return meta
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"), help="(default: fp16)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 16], help="batch sizes, one file each (default: 1 16)")
+    p.add_argument("--out-dir", default=None, metavar="DIR",
+                   help="where the tuning files go (default: where the executor looks, $JETSON_UNET_TILES, "
+                        "else $XDG_CACHE_HOME or ~/.cache, then jetson-unet/tiles)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the measurements to this JSON file")
+    p.add_argument("--split-top", type=int, default=3, metavar="N",
+                   help="time the split-K factors of each op's N fastest tile shapes (default: 3)")
+    add_verbosity(p)
+    return p
+
+
+def tune_main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    set_verbosity(args)
+    # usage errors before any GPU work
+    if args.split_top < 1:
+        raise UsageError(f"--split-top must be at least 1, got {args.split_top}")
+    for b in args.batch:
+        if b < 1:
+            raise UsageError(f"--batch must be >= 1, got {b}")
+    if args.json is not None:
+        parent = Path(args.json).parent
+        if not parent.is_dir():
+            raise UsageError(f"--json {args.json}: folder {parent} does not exist")
+    out_dir = Path(args.out_dir) if args.out_dir else user_tiles_dir()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the output folder {out_dir} ({e.strerror or e})") from None
+    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
+
+    backend = get_backend("cupy")
+    weights, _ = bench_weights()
+    plan, sms = build_plan(weights.config), backend.sm_count()
+    per_batch, extra = {}, set()
+    for b in args.batch:   # every candidate of every batch in one module: one build for all rounds
+        ctx = Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan))
+        cands, ksegs = {}, {}
+        for op in plan.ops:
+            if not tunable(op, ctx):
+                continue
+            cands[op.out] = candidates(op, ctx)
+            for t in cands[op.out]:
+                extra.add(op_spec(op, Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan),
+                                          tiles={op.out: t})).key)
+            ksegs[op.out] = k_segments(op, ctx)
+        per_batch[b] = (cands, ksegs)
+    keys = sorted(extra, key=lambda k: k.symbol)
+    print(f"device: {backend.device_name()} ({sms} SMs); {len(keys)} candidate kernels", flush=True)
+    t0 = time.perf_counter()
+    GpuExecutor(weights, args.precision, batch=1, backend=backend, policy=KernelPolicy(tiles=BUILTIN),
+                extra_keys=keys).close()
+    print(f"module built in {time.perf_counter() - t0:.1f} s", flush=True)
+    results = [tune(weights, args.precision, b, backend, keys, *per_batch[b], out_dir, args.split_top, command)
+               for b in args.batch]
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return _run(tune_main, PROG, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
