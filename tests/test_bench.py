@@ -1,4 +1,4 @@
-"""jetson-bench, its report and tools/roofline.py on the CPU: a numpy-backend run writes JSON and CSV
+"""jetson-bench, its report and tools.lab.roofline on the CPU: a numpy-backend run writes JSON and CSV
 with the expected keys and rows, usage errors exit 2 with one line, compare prints ratios, the GPU
 path's bookkeeping runs against a recording fake backend, the Orin floors scale with the clock,
 and plots are skipped without matplotlib."""
@@ -21,10 +21,9 @@ from jetson_unet.model.weights import load_weights, random_params, save_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-sys.path.insert(0, str(ROOT / "tools"))
 from fakes import FakeBackend  # noqa: E402
 
-import roofline  # noqa: E402
+import tools.lab.roofline as roofline  # noqa: E402
 
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32,
                   schedule=Schedule(timesteps=10, beta_end=0.005))

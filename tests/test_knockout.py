@@ -1,6 +1,6 @@
-"""tools/knockout.py without a GPU: every knockout still applies to the current kernels (its texts
-occur exactly once: a kernel edit that moves one fails here, not on the device), a revision's
-kernels come out of git, the table's differences, and the usage errors."""
+"""tools.lab.knockout without a GPU: every knockout still applies to the current kernels (its texts
+occur exactly once: a kernel edit that moves one fails here, not on the device), a copy imports its
+own package, a revision's kernels come out of git, the table's differences, and the usage errors."""
 from __future__ import annotations
 
 import json
@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import knockout as K  # noqa: E402
+import tools.lab.knockout as K
+from jetson_unet.errors import UsageError
 
-from jetson_unet.errors import UsageError  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", sorted(K.KNOCKOUTS))
@@ -42,11 +41,25 @@ def test_variants_join_with_plus_and_unknown_names_fail():
         K.patches("gelu+nope")
 
 
-def test_make_tree_copies_the_runtime_and_patches_only_the_copy(tmp_path):
+def test_make_tree_copies_the_package_and_patches_only_the_copy(tmp_path):
     tree = K.make_tree(tmp_path / "t", "kloop")
-    assert (tree / "tools" / "bench_unet.py").is_file() and (tree / "runtime" / "gpu" / "ops.py").is_file()
-    assert "ntiles = 0 * (ke - kb);" in (tree / "kernels" / "conv_pipe.cu").read_text()
+    assert (tree / "tools" / "bench_unet.py").is_file() and (tree / "jetson_unet" / "ops" / "conv.py").is_file()
+    assert (tree / "jetson_unet" / "models" / "__init__.py").is_file()
+    assert "ntiles = 0 * (ke - kb);" in (tree / "jetson_unet" / "kernels" / "conv_pipe.cu").read_text()
     assert "ntiles = 0 * (ke - kb);" not in (ROOT / "kernels" / "conv_pipe.cu").read_text()
+
+
+def test_a_child_process_in_the_copy_imports_the_copy_not_the_installed_package(tmp_path):
+    tree = K.make_tree(tmp_path / "t", "gelu")
+    got = K.child_imports(tree)
+    assert Path(got["package"]).parent == (tree / "jetson_unet").resolve()
+    assert Path(got["kernels"]) == (tree / "jetson_unet" / "kernels").resolve()
+    assert Path(got["tools"]).parent == (tree / "tools").resolve()
+    K.check_tree(tree)
+    K.check_tree(ROOT)   # the working tree: its runtime/, kernels/ and tools/ through the editable install
+    shutil.rmtree(tree / "jetson_unet")   # a tree without its own package would time the installed one
+    with pytest.raises(RuntimeError, match="imports package from"):
+        K.check_tree(tree)
 
 
 def test_ref_kernels_come_from_git(tmp_path):
@@ -89,9 +102,9 @@ def test_cli_usage_errors_exit_2_with_one_line():
     in_git = shutil.which("git") is not None and subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
                                                                 capture_output=True).returncode == 0
     for argv in ([], ["nope"], ["--env", "NOEQUALS"]) + ((["gelu", "--ref", "no-such-rev"],) if in_git else ()):
-        r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), *argv], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "tools.lab.knockout", *argv], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 2 and r.stderr.startswith("knockout: ") and len(r.stderr.strip().splitlines()) == 1
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "knockout.py"), "--list"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "tools.lab.knockout", "--list"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and all(name in r.stdout for name in K.KNOCKOUTS)
 
 
@@ -124,10 +137,10 @@ def test_env_variants_run_the_working_tree_with_the_setting(tmp_path, monkeypatc
 
     monkeypatch.setattr(K, "bench", fake_bench)
     monkeypatch.setattr(K.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "w"))
-    assert K.main(["--env", "JETSON_UNET_DW_TC=1", "--rounds", "2"]) == 0
-    assert calls == [(K.ROOT, []), (K.ROOT, [("JETSON_UNET_DW_TC", "1")])] * 2
+    assert K.main(["--env", "JETSON_UNET_TILES=old-tiles", "--rounds", "2"]) == 0
+    assert calls == [(K.ROOT, []), (K.ROOT, [("JETSON_UNET_TILES", "old-tiles")])] * 2
     last = capsys.readouterr().out.splitlines()
-    row = next(line for line in last if line.startswith("env JETSON_UNET_DW_TC=1") and " 1 " in line)
+    row = next(line for line in last if line.startswith("env JETSON_UNET_TILES=old-tiles") and " 1 " in line)
     assert row.split()[-1] == "10.0"
 
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 SHIPPED = ROOT / "weights" / "seed-unet-emoji64.npz"
 REL_TOL = {np.float32: 1e-5, np.float64: 1e-10}
-REGENERATE = "python tools/make_parity_fixture.py"
+REGENERATE = "python -m tools.make_parity_fixture"
 
 
 def load_fixture(name: str) -> dict:

@@ -1,4 +1,4 @@
-"""tools/make_dataset.py: kind labels always; rendering where the Noto font and fontTools are.
+"""tools.make_dataset: kind labels always; rendering where the Noto font and fontTools are.
 
 The font is a system package (fonts-noto-color-emoji) and fontTools is in the `train` extra, so
 CI without them runs only the classification and the missing-font error.
@@ -13,24 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tools import make_dataset as md
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "tools" / "make_dataset.py"
-
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("make_dataset", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-md = _load_tool()
 HAVE_FONT = Path(md.DEFAULT_FONT).is_file() and importlib.util.find_spec("fontTools") is not None
 needs_font = pytest.mark.skipif(not HAVE_FONT, reason=f"needs {md.DEFAULT_FONT} and fontTools ({md.APT_LINE})")
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "tools.make_dataset", *args], capture_output=True, text=True, cwd=ROOT)
 
 
 @pytest.mark.parametrize("seq, kind", [

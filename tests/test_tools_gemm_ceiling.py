@@ -1,16 +1,12 @@
-"""tools/gemm_ceiling.py without a GPU: the GEMM shapes it times and the bounds its report draws."""
+"""tools.lab.gemm_ceiling without a GPU: the GEMM shapes it times and the bounds its report draws."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import gemm_ceiling as G  # noqa: E402
-from jetson_unet.model import cost  # noqa: E402
-from jetson_unet.model import plan as P  # noqa: E402
-from jetson_unet.model.config import UNetConfig  # noqa: E402
+import tools.lab.gemm_ceiling as G
+from jetson_unet.model import cost
+from jetson_unet.model import plan as P
+from jetson_unet.model.config import UNetConfig
 
 
 def test_shapes_are_every_gemm_op_of_the_call_with_its_flops():

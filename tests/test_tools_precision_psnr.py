@@ -1,16 +1,13 @@
-"""tools/precision_psnr.py on the CPU: the numpy backend's fp32 images against its fp64 ones (the
+"""tools.precision_psnr on the CPU: the numpy backend's fp32 images against its fp64 ones (the
 tool's logic is the same on a GPU, where it compares fp16/bf16 with fp32)."""
 from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import precision_psnr  # noqa: E402
+from tools import precision_psnr
 
 
 def test_psnr_u8_known_values():

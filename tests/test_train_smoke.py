@@ -17,10 +17,9 @@ from jetson_unet.model.config import UNetConfig  # noqa: E402
 from jetson_unet.model.plan import param_shapes  # noqa: E402
 from jetson_unet.model.reference import Reference  # noqa: E402
 from jetson_unet.model.weights import Weights, load_weights, random_params  # noqa: E402
+from tools.torch_unet import SeedUNet, load_numpy_params, n_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-from torch_unet import SeedUNet, load_numpy_params, n_params  # noqa: E402
 
 ODD = UNetConfig(image_size=12, dim=6, dim_mults=(1, 2, 3), time_dim=20)
 
@@ -49,7 +48,7 @@ def test_torch_matches_reference_float64(rng) -> None:
 
 
 def run_train(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "tools" / "train.py"), "--smoke", *args]
+    cmd = [sys.executable, "-m", "tools.train", "--smoke", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
@@ -76,7 +75,7 @@ def test_smoke_train_export_resume(tmp_path: Path) -> None:
 def test_bad_dataset_is_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.npz"
     np.savez(bad, images=np.zeros((4, 8, 8, 3), np.uint8))
-    cmd = [sys.executable, str(ROOT / "tools" / "train.py"), "--data", str(bad), "--steps", "1",
+    cmd = [sys.executable, "-m", "tools.train", "--data", str(bad), "--steps", "1",
            "--out", str(tmp_path / "o"), "--device", "cpu"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "images must be" in r.stderr, r.stderr

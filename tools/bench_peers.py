@@ -2,13 +2,13 @@
 """Our GPU runtime against PyTorch on the same weights, noise and device: one U-Net call and the
 whole sampling loop, with an agreement check, in one ratio table.
 
-    python tools/bench_peers.py                               # shipped model, batch 1, 100-step DDPM
-    python tools/bench_peers.py --batch 4 --json peers.json --skip-loop
+    python -m tools.bench_peers                               # shipped model, batch 1, 100-step DDPM
+    python -m tools.bench_peers --batch 4 --json peers.json --skip-loop
 
-Peers (tools/peers.py): PyTorch eager fp32 (TF32 off) and fp16, torch.compile fp16 with the default
+Peers (tools.peers): PyTorch eager fp32 (TF32 off) and fp16, torch.compile fp16 with the default
 mode and with mode="reduce-overhead" (CUDA graphs). Ours: the GPU executor at the peer's precision,
-timed as a CUDA-graph replay (tools/bench_unet.py), and the gpu sampling mode with graphs
-(tools/bench_sampling.py). Agreement: the relative L2 of each peer's eps against OUR fp32 executor's
+timed as a CUDA-graph replay (tools.bench_unet), and the gpu sampling mode with graphs
+(tools.bench_sampling). Agreement: the relative L2 of each peer's eps against OUR fp32 executor's
 eps on the same x and t must be within 1e-2 for fp16 and 1e-3 for fp32 (both sides accumulate in
 fp32; the fp32 bound leaves room for a different summation order through ~75 layers). The loop's
 x_0 is compared too (relative L2, PSNR), for information only: 100 steps amplify rounding.
@@ -26,16 +26,14 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_sampling import psnr, time_ours  # noqa: E402
-from bench_unet import RandomWeights, bench_ours  # noqa: E402
-from peers import PEERS, in_fresh_process, peer_call, peer_sampling, strict_fp32, torch_model  # noqa: E402
-
-from jetson_unet.paths import models_dir  # noqa: E402
-from jetson_unet.model.config import UNetConfig  # noqa: E402
-from jetson_unet.model.schedule import make_steps  # noqa: E402
-from jetson_unet.model.weights import load_weights  # noqa: E402
+from jetson_unet.bench.timing import RandomWeights
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.schedule import make_steps
+from jetson_unet.model.weights import load_weights
+from jetson_unet.paths import models_dir
+from tools.bench_sampling import psnr, time_ours
+from tools.bench_unet import bench_ours
+from tools.peers import PEERS, in_fresh_process, peer_call, peer_sampling, strict_fp32, torch_model
 
 EPS_TOL = {"fp32": 1e-3, "fp16": 1e-2}
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end sampling benchmark: one 100-step 64x64 DDPM image, our modes vs PyTorch, one run.
 
-    python tools/bench_sampling.py --batch 1 16 --precision fp16 --json out.json
-    python tools/bench_sampling.py --batch 16 --noise host device --no-torch   # noise drawn on the CPU vs the GPU
+    python -m tools.bench_sampling --batch 1 16 --precision fp16 --json out.json
+    python -m tools.bench_sampling --batch 16 --noise host device --no-torch   # noise drawn on the CPU vs the GPU
 
 For each batch: our GPU mode with CUDA graphs (once per --noise source), without graphs, and the
 CPU p_sample mode; then,
@@ -18,24 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jetson_unet.paths import models_dir  # noqa: E402
-from jetson_unet.backends import get_backend  # noqa: E402
-from jetson_unet.sampling.gpu import GpuSampler  # noqa: E402
-from jetson_unet.model.schedule import make_steps  # noqa: E402
-from jetson_unet.trace import Timeline  # noqa: E402
-from jetson_unet.model.weights import load_weights  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# the PyTorch peer loop, shared with bench_peers.py
-from peers import in_fresh_process, settle, time_torch  # noqa: E402
+from jetson_unet.backends import get_backend
+from jetson_unet.bench.timing import settle
+from jetson_unet.model.schedule import make_steps
+from jetson_unet.model.weights import load_weights
+from jetson_unet.paths import models_dir
+from jetson_unet.sampling.gpu import GpuSampler
+from jetson_unet.trace import Timeline
+from tools.peers import SETTLE_S, in_fresh_process, time_torch   # the PyTorch peer loop, shared with tools.bench_peers
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -51,7 +47,7 @@ def time_ours(weights, steps, batch, precision, mode, graphs, repeat, seed, nois
     setup = time.perf_counter() - t0
     try:
         x0 = s.run(steps, seed)                              # warm-up (graph capture, pinned buffers)
-        settle(lambda: s.run(steps, seed), lambda: None)     # then SETTLE_S seconds of runs, as the peers
+        settle(lambda: s.run(steps, seed), lambda: None, SETTLE_S)   # then SETTLE_S seconds of runs, as the peers
         walls = []
         for _ in range(repeat):
             t0 = time.perf_counter()
@@ -116,7 +112,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise", nargs="+", choices=("host", "device"), default=["host"],
-                    help="noise sources of the gpu+graph runner (device: drawn on the GPU, runtime/gpu/noise.py)")
+                    help="noise sources of the gpu+graph runner (device: drawn on the GPU, jetson_unet.ops.noise)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Render every glyph of Noto Color Emoji to 64x64 RGB on white: the training set.
 
-    python tools/make_dataset.py --out .data/emoji64.npz [--font PATH] [--limit N] [--size 64]
+    python -m tools.make_dataset --out .data/emoji64.npz [--font PATH] [--limit N] [--size 64]
 
 Output (.npz, compressed, byte-identical on every run):
     images      uint8 (N, S, S, 3)   glyph centred on white, aspect kept, 2 px margin at 64

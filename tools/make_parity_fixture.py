@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Write a torch-vs-runtime parity fixture: PyTorch float64 outputs of the spec'd U-Net.
 
-    python tools/make_parity_fixture.py --weights weights/seed-unet-emoji64.npz
+    python -m tools.make_parity_fixture --weights weights/seed-unet-emoji64.npz
         -> tests/fixtures/parity.npz
-    python tools/make_parity_fixture.py --random-seed 0 --out tests/fixtures/parity_random.npz
+    python -m tools.make_parity_fixture --random-seed 0 --out tests/fixtures/parity_random.npz
         -> random weights (jetson_unet.model.weights.random_params) of a small config, so CI checks
            parity even where no trained model is shipped
 
@@ -21,10 +21,9 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_unet import SeedUNet, load_numpy_params  # noqa: E402 (also fixes sys.path)
-from jetson_unet.model.config import UNetConfig  # noqa: E402
-from jetson_unet.model.weights import content_hash, load_weights, random_params  # noqa: E402
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.weights import content_hash, load_weights, random_params
+from tools.torch_unet import SeedUNet, load_numpy_params
 
 # Both ends of the schedule and the middle; one group per row, so a failure names its t.
 TIMESTEPS = [[99, 50], [10, 0]]

@@ -7,21 +7,18 @@
 The sampling loop runs the same affine step (jetson_unet.model.schedule) on the device, with every noise
 array drawn from the runtime's NoiseStream and uploaded before the clock starts (which favours
 the peer). torch.compile's compilation and CUDA-graph recording happen in the warm-up calls and
-are reported apart (warmup_s). Used by tools/bench_sampling.py and tools/bench_peers.py.
+are reported apart (warmup_s). Used by tools.bench_unet, tools.bench_sampling and tools.bench_peers.
 """
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                    # torch_unet
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # runtime
-from jetson_unet.model.schedule import NoiseStream, Step  # noqa: E402
+from jetson_unet.bench.timing import settle
+from jetson_unet.model.schedule import NoiseStream, Step
 
 PRECISIONS = ("fp32", "fp16")
 COMPILE_MODES = (None, "default", "reduce-overhead")
@@ -47,7 +44,7 @@ def torch_model(weights: Any, precision: str = "fp16", compile_mode: Optional[st
     layout "nhwc" on channels_last tensors (its NCHW input converted inside the model) and
     cudnn.benchmark on, for the process (each peer runs in a process of its own)."""
     import torch
-    from torch_unet import SeedUNet, load_numpy_params
+    from tools.torch_unet import SeedUNet, load_numpy_params
     if precision not in PRECISIONS or compile_mode not in COMPILE_MODES or layout not in LAYOUTS:
         raise ValueError(f"peer precision {precision!r} / compile mode {compile_mode!r} / layout {layout!r} unsupported")
     model = SeedUNet(weights.config)
@@ -70,35 +67,23 @@ def torch_model(weights: Any, precision: str = "fp16", compile_mode: Optional[st
         return model, dtype
     # dynamic=False: kernels for this batch size only. By default a second batch size in one process
     # recompiles for symbolic shapes: batch 16 after batch 1 took 3.09 ms per call on an H100 against
-    # 1.95 compiled for 16 alone (docs/perf-notes.md session 15).
+    # 1.95 compiled for 16 alone (docs/performance.md, Method).
     return torch.compile(model, mode=None if compile_mode == "default" else compile_mode, dynamic=False), dtype
 
 
-# Seconds of back-to-back work before any timed window, for every implementation alike: on an H100
-# our batch-1 U-Net graph took 415 us per call in the first 0.1 s of load and settled at 401 us after
-# ~0.4 s (batch 16: 1121 -> 1092 us after ~0.3 s), with NVML's SM and memory clocks unchanged
-# throughout (docs/perf-notes.md session 14); 20 warm-up calls (8 ms) did not reach that.
+# Seconds of back-to-back work (jetson_unet.bench.timing.settle) before any timed window, for every
+# implementation alike: on an H100 our batch-1 U-Net graph took 415 us per call in the first 0.1 s
+# of load and settled at 401 us after ~0.4 s (batch 16: 1121 -> 1092 us after ~0.3 s), with NVML's
+# SM and memory clocks unchanged throughout (docs/performance.md, Method); 20 warm-up calls (8 ms)
+# did not reach that.
 SETTLE_S = 2.0
-
-
-def settle(fn: Callable[[], Any], sync: Callable[[], Any], seconds: float = SETTLE_S, every: int = 1) -> int:
-    """Call fn back to back until `seconds` have passed (checked after every `every` calls, each
-    check synchronizing), at least `every` times; returns the number of calls."""
-    t0, n = time.perf_counter(), 0
-    while True:
-        for _ in range(every):
-            fn()
-        n += every
-        sync()
-        if time.perf_counter() - t0 >= seconds:
-            return n
 
 
 def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args) in a new Python process (spawned: none of this process's CUDA state), its result
     back; fn must be a module-level function. On an H100 a process where a few plain kernel
     launches went to a second stream runs every later kernel launch ~0.2 us slower for good, CUDA
-    graphs included (docs/perf-notes.md session 15), so every benchmark row, ours and the peers', is
+    graphs included (docs/performance.md, Method), so every benchmark row, ours and the peers', is
     measured in a process of its own, as `jetson-sample` runs one configuration."""
     import concurrent.futures
     import multiprocessing
@@ -144,7 +129,7 @@ def peer_call(weights: Any, x: np.ndarray, t: np.ndarray, precision: str, compil
             fn(xd, td)
         _sync(device)
         warm_s = time.perf_counter() - t0
-        settle(lambda: fn(xd, td), lambda: _sync(device), every=50)
+        settle(lambda: fn(xd, td), lambda: _sync(device), SETTLE_S, every=50)
         per = [_window_ms(lambda: fn(xd, td), iters, device) for _ in range(repeats)]
         eps = fn(xd, td).float().cpu().numpy()
     return eps, {"call_ms": statistics.median(per), "warmup_s": warm_s}
@@ -177,7 +162,7 @@ def peer_sampling(weights: Any, steps: Sequence[Step], batch: int, seed: int, re
     for _ in range(2 if compile_mode else 1):   # compile + graph recording happen in the warm-ups
         loop()
     warm_s = time.perf_counter() - t0
-    settle(loop, lambda: None)
+    settle(loop, lambda: None, SETTLE_S)
     walls: List[float] = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -190,6 +175,6 @@ def peer_sampling(weights: Any, steps: Sequence[Step], batch: int, seed: int, re
 
 def time_torch(weights: Any, steps: Sequence[Step], batch: int, seed: int, compiled: bool,
                repeat: int) -> Tuple[np.ndarray, Dict[str, float]]:
-    """bench_sampling.py's peers: fp16 eager, or fp16 torch.compile(mode="reduce-overhead")."""
+    """tools.bench_sampling's peers: fp16 eager, or fp16 torch.compile(mode="reduce-overhead")."""
     x0, st = peer_sampling(weights, steps, batch, seed, repeat, "fp16", "reduce-overhead" if compiled else None)
     return x0, {k: st[k] for k in ("wall_s", "s_per_image", "images_per_s")}

@@ -2,9 +2,9 @@
 """Per-seed PSNR of whole sampled images at each precision against a base precision's image of the
 same seed (issue 4: fp16 and bf16 against the fp32 run), through the public Pipeline API.
 
-    python tools/precision_psnr.py                                  # GPU: fp16 bf16 vs fp32, seeds 0-7
-    python tools/precision_psnr.py --seeds 0 1 2 --json psnr.json
-    python tools/precision_psnr.py --backend numpy --base fp64 --precisions fp32 --sampler ddim --steps 10
+    python -m tools.precision_psnr                                  # GPU: fp16 bf16 vs fp32, seeds 0-7
+    python -m tools.precision_psnr --seeds 0 1 2 --json psnr.json
+    python -m tools.precision_psnr --backend numpy --base fp64 --precisions fp32 --sampler ddim --steps 10
 
 Every image is a batch-1 `Pipeline.sample(seed=s)` (the seed's own noise stream, so each seed is
 one image a user could ask for), 100-step DDPM unless told otherwise. PSNR is over the uint8 images
@@ -17,15 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from jetson_unet.pipeline import BACKEND_CHOICES, Pipeline, default_weights_path  # noqa: E402
+from jetson_unet.pipeline import BACKEND_CHOICES, Pipeline, default_weights_path
 
 
 def psnr_u8(a: np.ndarray, b: np.ndarray) -> float:

@@ -2,7 +2,7 @@
 
 The module tree mirrors the spec's dotted parameter names exactly, so `state_dict()` keys are
 the weights-file names (`downs.0.block1.ds_conv.weight`, `ups.2.gate.psi.bias`, ...) and
-`jetson_unet.model.plan.param_shapes(config)` gives the same names and shapes. Nothing under runtime/
+`jetson_unet.model.plan.param_shapes(config)` gives the same names and shapes. Nothing in jetson_unet
 imports this file: torch is a tool dependency only (the `train` extra).
 
     model = SeedUNet(UNetConfig())                  # ~15.9 M params with the defaults
@@ -13,19 +13,13 @@ imports this file: torch is a tool dependency only (the `train` extra).
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:
-    from jetson_unet.model.config import UNetConfig
-except ImportError:  # run as `python tools/...` from a checkout: put the repo root on the path
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.config import UNetConfig
 
 
 def sinusoidal(t: torch.Tensor, dim: int) -> torch.Tensor:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Train `seed-unet` (epsilon prediction, the spec's T = 100 linear schedule) with PyTorch.
 
-    python tools/train.py --data .data/emoji64.npz --out out/train --minutes 7.5
-    python tools/train.py --smoke                     # tiny config, synthetic data, CPU, seconds
+    python -m tools.train --data .data/emoji64.npz --out out/train --minutes 7.5
+    python -m tools.train --smoke                     # tiny config, synthetic data, CPU, seconds
 
 Recipe (shared docs/platform-notes.md, "Training the default model"): batch 128, bf16 autocast
 on CUDA, AdamW lr 3e-4, grad-clip 1.0, EMA 0.999, random horizontal flips, images in [-1, 1].
@@ -31,11 +31,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_unet import SeedUNet, export_numpy_params, n_params  # noqa: E402 (also fixes sys.path)
 from jetson_unet.model.config import UNetConfig  # noqa: E402
 from jetson_unet.model.schedule import coefficients, make_steps, sample_loop, to_uint8  # noqa: E402
 from jetson_unet.model.weights import save_weights  # noqa: E402
+from tools.torch_unet import SeedUNet, export_numpy_params, n_params  # noqa: E402
 
 SMOKE_CONFIG = {"image_size": 16, "dim": 8, "time_dim": 32, "dim_mults": [1, 2]}
 
@@ -47,7 +46,7 @@ class TrainError(Exception):
 def parse_args(argv: list | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     a = ap.add_argument
-    a("--data", default=".data/emoji64.npz", help="dataset from tools/make_dataset.py (default: %(default)s)")
+    a("--data", default=".data/emoji64.npz", help="dataset from tools.make_dataset (default: %(default)s)")
     a("--out", default="out/train", help="output folder (default: %(default)s)")
     a("--config", default=None, help="model config: JSON file or inline JSON object (default: UNetConfig())")
     a("--kinds", default=None, help="keep only these dataset kinds, e.g. 'single' or 'single,flag' (default: all)")
@@ -97,7 +96,7 @@ def load_images(args: argparse.Namespace, cfg: UNetConfig) -> np.ndarray:
         return small.repeat(cfg.image_size // 4, 1).repeat(cfg.image_size // 4, 2)
     if not os.path.isfile(args.data):
         raise TrainError(f"no dataset at {args.data}: build it with "
-                         f"python tools/make_dataset.py --out {args.data}")
+                         f"python -m tools.make_dataset --out {args.data}")
     with np.load(args.data, allow_pickle=False) as npz:
         images = npz["images"]
         kinds = npz["kinds"] if "kinds" in npz.files else None
@@ -293,7 +292,7 @@ def finish(tr: Trainer, log: LossLog, args: argparse.Namespace, n_images: int, r
     out = args.out
     if args.ckpt_every:
         tr.save(os.path.join(out, "ckpt.pt"))
-    extra = {"trainer": "tools/train.py", "steps": tr.step, "batch": args.batch, "lr": args.lr,
+    extra = {"trainer": "tools.train", "steps": tr.step, "batch": args.batch, "lr": args.lr,
              "ema": args.ema, "train_seconds": round(tr.seconds, 1), "dataset": os.path.basename(args.data),
              "dataset_images": n_images, "kinds": args.kinds or "all",
              "final_loss": log.rows[-1][1] if log.rows else None, "device": str(tr.device)}

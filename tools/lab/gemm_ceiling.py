@@ -5,7 +5,7 @@ Every GEMM op of one U-Net call at --batch (3x3 and 1x1 convs as their implicit 
 N = Cout, K = the op's multiply-adds per output / N, padded to 64; gates as one GEMM of their
 g + r inputs) is timed, each in a process of its own:
 
-- ours: the op's launch(es) in our executor (tools/bench_unet.py per_op_times), the whole fused op;
+- ours: the op's launch(es) in our executor (jetson_unet.bench.timing.per_op_times), the whole fused op;
 - triton-v2: a dense Triton matmul (no im2col, no epilogue) with DISABLE_MMA_V3=1, so on sm_90 it
   compiles to mma.sync + ldmatrix + cp.async (the PTX is checked), best of CONFIGS per shape;
 - triton-v3: the same kernel and configs with Triton's default (wgmma on sm_90);
@@ -20,7 +20,7 @@ time replaced by its fastest among ever wider sets of kernels (bounds()). The ot
 than ours (no GroupNorm, GELU, statistics or residual; the dense GEMMs no im2col, which makes them
 memory-bound where the im2col'd operand outgrows the L2, the 64x64 level at batch 16).
 
-    python3 tools/gemm_ceiling.py --batch 16 --json $OUT/ceiling.json
+    python3 -m tools.lab.gemm_ceiling --batch 16 --json $OUT/ceiling.json
 """
 from __future__ import annotations
 
@@ -28,14 +28,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from typing import Dict, List, Optional, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from jetson_unet.model import cost  # noqa: E402
-from jetson_unet.model import plan as P  # noqa: E402
-from jetson_unet.model.config import UNetConfig  # noqa: E402
+from jetson_unet.model import cost
+from jetson_unet.model import plan as P
+from jetson_unet.model.config import UNetConfig
 
 KPAD = 64
 JOBS = ("ours", "torch", "triton-v3", "triton-v2", "peer-profile")
@@ -246,7 +243,7 @@ def run_peer_profile(batch: int, calls: int = 20) -> Dict:
     import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from tools.bench_unet import bench_weights
+    from jetson_unet.bench.timing import bench_weights
     from tools.peers import torch_model
     weights = bench_weights()[0]
     cfg = weights.config
@@ -284,7 +281,8 @@ def run_ours(batch: int) -> Dict:
     """Our launches timed alone, summed per op name, and the graphed call (bench_unet.bench_ours)."""
     from types import SimpleNamespace
     from jetson_unet.backends import get_backend
-    from tools.bench_unet import bench_ours, bench_weights
+    from jetson_unet.bench.timing import bench_weights
+    from tools.bench_unet import bench_ours
     row = bench_ours(bench_weights()[0], "fp16", batch, SimpleNamespace(warmup=20, iters=100, repeats=3, per_op=1),
                      get_backend("cupy"))
     return {"ops": row["per_op_us"], "tiles": row["tiles"], "call_ms": row["graph_ms"]}

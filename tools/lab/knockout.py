@@ -1,26 +1,28 @@
 """Where a U-Net call's GPU time goes, without a profiler: time the working tree against copies of it
 whose kernels have one part removed (a knockout: the results are wrong, only the time counts), or
 against the kernels of another git revision (an A/B of a kernel change). Runs on any CUDA GPU that
-tools/bench_unet.py runs on, a Jetson included.
+tools.bench_unet runs on, a Jetson included.
 
-    python3 tools/knockout.py gelu stats kloop gn        # each knockout alone, vs the working tree
-    python3 tools/knockout.py gelu+stats --batches 1     # two knockouts in one copy
-    python3 tools/knockout.py --ref HEAD~1               # the working tree vs HEAD~1's kernels/
-    python3 tools/knockout.py --ref .device/kbase        # ... vs the kernel files in a folder
-    python3 tools/knockout.py --env JETSON_UNET_DW_TC=0  # ... vs itself with a setting changed
-    python3 tools/knockout.py --list                     # the knockouts and what each removes
-    python3 tools/knockout.py kloop gn --batches 16 --per-op 20   # ... and per op (each launch alone)
+    python3 -m tools.lab.knockout gelu stats kloop gn        # each knockout alone, vs the working tree
+    python3 -m tools.lab.knockout gelu+stats --batches 1     # two knockouts in one copy
+    python3 -m tools.lab.knockout --ref HEAD~1               # the working tree vs HEAD~1's kernels/
+    python3 -m tools.lab.knockout --ref .device/kbase        # ... vs the kernel files in a folder
+    python3 -m tools.lab.knockout --env JETSON_UNET_TILES=DIR   # ... vs itself with a setting changed
+    python3 -m tools.lab.knockout --list                     # the knockouts and what each removes
+    python3 -m tools.lab.knockout kloop gn --batches 16 --per-op 20   # ... and per op (each launch alone)
 
-Each variant is a copy of runtime/, kernels/, tools/, weights/ and pyproject.toml in a scratch
-folder, its kernels patched (each knockout is a list of exact replacements in kernels/*.cu; a
-replacement whose text is not found exactly once fails before anything runs) or taken from a
-revision (`git show REV:kernels/...`) or from a folder (what a lent machine whose copy of the repo
-has no git history needs: `git archive HEAD kernels | tar -x --strip-components=1 -C .device/kbase`
-first, on the host); the Python is the working tree's. Every row is
-`tools/bench_unet.py --no-torch` in a fresh process in its copy, and the variants take turns for
---rounds rounds: the method of docs/perf-notes.md, where session 19's table came from. Printed
-last: graph ms per variant, batch and round, and each variant's median difference to the working
-tree ("saves": positive when the variant is faster).
+Each variant is a copy in a scratch folder, importable as itself: a real `jetson_unet/` package (the
+working tree's runtime/, with kernels/ copied in as jetson_unet/kernels/ and weights/ linked as
+jetson_unet/models/) beside a copy of tools/. Its kernels are patched (each knockout is a list of
+exact replacements in kernels/*.cu; a replacement whose text is not found exactly once fails before
+anything runs) or taken from a revision (`git show REV:kernels/...`) or from a folder (what a lent
+machine whose copy of the repo has no git history needs: `git archive HEAD kernels | tar -x
+--strip-components=1 -C .device/kbase` first, on the host); the Python is the working tree's. Every
+row is `python -m tools.bench_unet --no-torch` in a fresh process whose working directory is its
+tree, so a copy's own package comes before the installed one (checked before anything is timed),
+and the variants take turns for --rounds rounds (docs/performance.md, Method). Printed last: graph
+ms per variant, batch and round, and each variant's median difference to the working tree ("saves":
+positive when the variant is faster).
 """
 from __future__ import annotations
 
@@ -35,10 +37,9 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from jetson_unet.errors import UsageError
 
-from jetson_unet.errors import UsageError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]   # the repository: tools/lab/knockout.py
 
 Patch = Tuple[str, str, str]   # (file in kernels/, text found exactly once, its replacement)
 
@@ -70,9 +71,8 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
         ("conv_pipe.cu", "        if constexpr (FOLD) {\n            // a branch, not predicated stores",
          "        if constexpr (FOLD) {\n            return;\n            // a branch, not predicated stores"),
         ("conv_halo.cu", "if constexpr (FOLD) {   // the pad vector over", "if constexpr (FOLD) { return;   // the pad vector over")]),
-    # with "nopad": what a fold that leaves the zero-filled padding alone could save at most (session
-    # 25 paid for the padding in the epilogue instead: that pass cost more than the two save,
-    # docs/perf-notes.md)
+    # with "nopad": what a fold that leaves the zero-filled padding alone could save at most (paying
+    # for the padding in the epilogue instead cost more than the two save: docs/kernels.md)
     "nobar": ("the folded GroupNorm's pad table and the prologue's barrier (the merge stays)", [
         ("conv.cu", "if (c < Cin) t[c] = D::from_f(fmaf(-pw[r], sd, mean));", ""),
         ("conv.cu", "for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) t[c] = D::from_f(fmaf(-gn_fold[c], sd, mean));",
@@ -80,7 +80,7 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
         ("conv.cu", "    __syncthreads();\n}\n\n// The folded GroupNorm's rstd",
          "    if (!fold) __syncthreads();\n}\n\n// The folded GroupNorm's rstd")]),
 }
-COPIED = ("runtime", "kernels", "tools", "weights", "pyproject.toml")
+PACKAGE = "jetson_unet"   # the import name; the copy's package folder
 
 
 def patches(variant: str) -> List[Patch]:
@@ -133,19 +133,59 @@ def ref_kernels(rev: str, dest: Path, repo: Path = ROOT) -> None:
 
 
 def make_tree(dest: Path, variant: str, ref: str = "") -> Path:
-    """A copy of the working tree's runtime with its kernels patched (variant) or from `ref`."""
+    """A copy of the working tree's package and tools, importable as itself from `dest`, its kernels
+    patched (variant) or from `ref`: dest/jetson_unet (runtime/, kernels/ as jetson_unet/kernels,
+    weights/ linked as jetson_unet/models) and dest/tools."""
     plist = patches(variant) if variant else []
     shutil.rmtree(dest, ignore_errors=True)   # a --keep folder from an earlier run
-    for name in COPIED:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, dest / name)
+    skip = shutil.ignore_patterns("__pycache__")
+    pkg = dest / PACKAGE
+    shutil.copytree(ROOT / "runtime", pkg, ignore=skip)
+    shutil.copytree(ROOT / "kernels", pkg / "kernels", ignore=skip)
+    try:
+        (pkg / "models").symlink_to(ROOT / "weights", target_is_directory=True)
+    except OSError:   # no symlinks here: copy the models
+        shutil.copytree(ROOT / "weights", pkg / "models", ignore=skip)
+    shutil.copytree(ROOT / "tools", dest / "tools", ignore=skip)
     if ref:
-        ref_kernels(ref, dest / "kernels")
-    apply(dest / "kernels", plist)
+        ref_kernels(ref, pkg / "kernels")
+    apply(pkg / "kernels", plist)
     return dest
+
+
+def child_imports(tree: Path) -> Dict[str, str]:
+    """What a child process in `tree` imports: the files of jetson_unet, its kernels and models
+    folders and tools.bench_unet, as `python -m tools.bench_unet` there sees them."""
+    code = ("import json, jetson_unet, tools.bench_unet\n"
+            "from jetson_unet.paths import kernels_dir, models_dir\n"
+            "print(json.dumps({'package': jetson_unet.__file__, 'kernels': str(kernels_dir()),\n"
+            "                  'models': str(models_dir()), 'tools': tools.bench_unet.__file__}))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{tree}: a child process there cannot import jetson_unet and tools.bench_unet "
+                           f"({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def expected_imports(tree: Path) -> Dict[str, Path]:
+    """Where a child process in `tree` must find the package, its kernels and models, and the tools:
+    the working tree's folders (through the editable install), or a copy's own."""
+    if tree.resolve() == ROOT:
+        want = {"package": ROOT / "runtime", "kernels": ROOT / "kernels", "models": ROOT / "weights"}
+    else:
+        pkg = tree / PACKAGE
+        want = {"package": pkg, "kernels": pkg / "kernels", "models": pkg / "models"}
+    return {k: v.resolve() for k, v in dict(want, tools=tree / "tools").items()}
+
+
+def check_tree(tree: Path) -> None:
+    """RuntimeError unless a child process in `tree` imports that tree's package, kernels, models and
+    tools (a copy's, not the installed package's; the working tree's, not another install's)."""
+    got = child_imports(tree)
+    for what, folder in expected_imports(tree).items():
+        path = Path(got[what]).resolve()
+        if (path if what in ("kernels", "models") else path.parent) != folder:
+            raise RuntimeError(f"{tree}: a child process there imports {what} from {got[what]}, not from {folder}")
 
 
 def env_setting(text: str) -> Tuple[str, str]:
@@ -157,9 +197,9 @@ def env_setting(text: str) -> Tuple[str, str]:
 
 
 def bench(tree: Path, args: argparse.Namespace, out: Path, env: Sequence[Tuple[str, str]] = ()) -> Dict[int, float]:
-    """One fresh bench_unet.py --no-torch in `tree` (its rows to the JSON file `out`), with the
-    environment settings `env` on top of this process's: {batch: graph ms}."""
-    cmd = [sys.executable, "tools/bench_unet.py", "--no-torch", "--batches", args.batches, "--precisions",
+    """One fresh `python -m tools.bench_unet --no-torch` in `tree` (its rows to the JSON file `out`),
+    with the environment settings `env` on top of this process's: {batch: graph ms}."""
+    cmd = [sys.executable, "-m", "tools.bench_unet", "--no-torch", "--batches", args.batches, "--precisions",
            args.precision, "--iters", str(args.iters), "--repeats", str(args.repeats), "--json", str(out)]
     if getattr(args, "per_op", 0):
         cmd += ["--per-op", "1"]   # every launch timed alone; per_op_rows reads them from `out`
@@ -243,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         patches(v)   # unknown names fail before any copy is made
     for rev in args.ref:
         ref_names(rev)   # so do unknown revisions
-    work = Path(args.keep or tempfile.mkdtemp(prefix="knockout-"))
+    work = Path(args.keep or tempfile.mkdtemp(prefix="knockout-")).absolute()   # the children run elsewhere
     work.mkdir(parents=True, exist_ok=True)
     try:
         trees: Dict[str, Tuple[Path, List[Tuple[str, str]]]] = {"working tree": (ROOT, [])}
@@ -251,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
             trees[v] = (make_tree(work / v.replace("+", "_"), v), [])
         for rev in args.ref:
             trees[f"ref {rev}"] = (make_tree(work / ("ref_" + "".join(c if c.isalnum() else "_" for c in rev)), "", rev), [])
+        for tree, _ in trees.values():
+            check_tree(tree)   # each tree's own package (a copy's, not the installed one), or nothing is timed
         for text, setting in zip(args.env, envs):
             trees[f"env {text}"] = (ROOT, [setting])
         times: Dict[str, List[Dict[int, float]]] = {name: [] for name in trees}
@@ -272,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps({k: [{str(b): ms for b, ms in r.items()} for r in v]
                                                for k, v in times.items()}, indent=1))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,28 +2,26 @@
 those (on a Jetson as on a workstation):
 
     ncu --nvtx --nvtx-include "ops/" --section SpeedOfLight --section WarpStateStats \\
-        python3 tools/ncu_ops.py --batch 16 --ops ups.3.block1.conv1 downs.0.block1.dw
-    python3 tools/ncu_ops.py --batch 1 --list          # the op names, kernels and grids
+        python3 -m tools.lab.ncu_ops --batch 16 --ops ups.3.block1.conv1 downs.0.block1.ds_conv
+    python3 -m tools.lab.ncu_ops --batch 1 --list      # the op names, kernels and grids
 
 The executor first runs one whole call (every input of the chosen ops is then real data, and every
-kernel is loaded), then launches each chosen op once inside the range "ops". --tiles uses a tuning
-file (tools/tune_tiles.py) instead of the built-in tiles.
+kernel is loaded), then launches each chosen op once inside the range "ops". --tiles uses that tuning
+file (written by `jetson-tune`); without it the executor takes the one measured for this GPU and
+batch where there is one, else the built-in tiles.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from jetson_unet.errors import UsageError  # noqa: E402
-from jetson_unet.backends import get_backend  # noqa: E402
-from jetson_unet.executor.executor import GpuExecutor, device_sm_count  # noqa: E402
-from jetson_unet.ops.tuning import load_tiles  # noqa: E402
-from bench_unet import bench_weights  # noqa: E402
+from jetson_unet.backends import get_backend
+from jetson_unet.bench.timing import bench_weights
+from jetson_unet.errors import UsageError
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.ops.policy import KernelPolicy
 
 
 def main(argv=None) -> int:
@@ -36,8 +34,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     backend = get_backend("cupy")
     weights, _ = bench_weights()
-    tiles = load_tiles(args.tiles, args.precision, args.batch, device_sm_count(backend)) if args.tiles else None
-    with GpuExecutor(weights, args.precision, batch=args.batch, backend=backend, tiles=tiles) as ex:
+    policy = KernelPolicy(tiles=args.tiles or None)   # a file: checked against this precision, batch and GPU
+    with GpuExecutor(weights, args.precision, batch=args.batch, backend=backend, policy=policy) as ex:
         if args.list:
             for L in ex.launches:
                 print(f"{L.name:28s} {L.fn.symbol:40s} grid {L.grid} block {L.block}")

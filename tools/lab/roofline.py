@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Roofline floor of seed-unet: FLOPs and minimum bytes of every op of the plan (runtime/cost.py)
+"""Roofline floor of seed-unet: FLOPs and minimum bytes of every op of the plan (jetson_unet.model.cost)
 against a machine's memory bandwidth and arithmetic rates, summed op by op (each op is bound by
 the slower of its two terms), for one U-Net call and for one sampled image (100 steps by default).
 
-    python tools/roofline.py                             # Orin Nano floors; + this GPU when CuPy works
-    python tools/roofline.py --batch 4 --json $OUT/roofline.json
-    python tools/roofline.py --no-gpu                    # floors only, no measurement
+    python -m tools.lab.roofline                         # Orin Nano floors; + this GPU when CuPy works
+    python -m tools.lab.roofline --batch 4 --json $OUT/roofline.json
+    python -m tools.lab.roofline --no-gpu                # floors only, no measurement
 
 Machines: (a) this GPU, its rates measured on the spot with CUDA events: a device-to-device copy
 of a large buffer (bytes read + written per second), a large fp16 `cupy.matmul` (cuBLAS, tensor
@@ -16,8 +16,9 @@ FLOP/clock/SM (5.1-10.2 TFLOP/s at 625 MHz; the top matches 40 sparse INT8 TOPS 
 with the GPU clock. GEMM convs and gates use the tensor rate at fp16/bf16; depthwise, the image
 convs and everything at fp32 use the FFMA rate. On a GPU it then times every op alone
 (`GpuExecutor.launch_op` between events, L2 flushed before each launch, and hot back to back) and
-the whole call (graph replay, tools/bench_unet.py), and predicts the Orin Nano time per image as the Orin floor times
-this GPU's measured/floor efficiency, as a range over the assumptions. Method: docs/bench.md.
+the whole call (graph replay, tools.bench_unet), and predicts the Orin Nano time per image as the
+Orin floor times this GPU's measured/floor efficiency, as a range over the assumptions. Method:
+docs/bench.md.
 """
 from __future__ import annotations
 
@@ -32,15 +33,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_unet import RandomWeights, bench_ours, per_op_times, timed  # noqa: E402
-
-from jetson_unet.paths import models_dir  # noqa: E402
-from jetson_unet.model.config import UNetConfig  # noqa: E402
-from jetson_unet.model.cost import plan_costs  # noqa: E402
-from jetson_unet.ops.specs import kernel_kind  # noqa: E402
-from jetson_unet.model.plan import Plan, build_plan  # noqa: E402
+from jetson_unet.bench.timing import RandomWeights, per_op_times, timed
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.cost import plan_costs
+from jetson_unet.model.plan import Plan, build_plan
+from jetson_unet.ops.specs import kernel_kind
+from jetson_unet.paths import models_dir
+from tools.bench_unet import bench_ours
 
 ORIN_SMS, ORIN_CORES = 8, 1024
 ORIN_BW = {625: 68e9, 1020: 102e9}            # B/s: Orin Nano 8GB, 8GB "Super" (JetPack 6.1+)
@@ -122,6 +121,16 @@ def by_class(floors: List[OpFloor], values: Optional[Dict[str, float]] = None) -
 
 # ---- measurement on this GPU ------------------------------------------------------------------------
 
+def memset(backend: Any, ptr: int, byte: int, nbytes: int, stream: Any) -> None:
+    """cudaMemsetAsync through CuPy's runtime binding (the backend offers no memset)."""
+    backend.rt.memsetAsync(int(ptr), int(byte), int(nbytes), stream.ptr)
+
+
+def d2d(backend: Any, dst: int, src: int, nbytes: int, stream: Any) -> None:
+    """A device-to-device cudaMemcpyAsync through CuPy's runtime binding."""
+    backend.rt.memcpyAsync(int(dst), int(src), int(nbytes), backend.rt.memcpyDeviceToDevice, stream.ptr)
+
+
 def matmul_rate(backend: Any, stream: Any, n: int, dtype: Any) -> float:
     """FLOP/s of an n x n x n cuBLAS matmul (fp16: tensor cores, fp32 accumulate; fp32: SGEMM)."""
     ms = _matmul_ms(backend, stream, n, dtype)
@@ -146,8 +155,8 @@ def measure_machine(backend: Any) -> Machine:
     free = backend.mem_info()[0]
     nbytes = int(min(1 << 30, free // 8)) // 256 * 256
     src, dst = backend.alloc(nbytes), backend.alloc(nbytes)
-    backend.memset(src.ptr, 1, nbytes, s)
-    ms = timed(backend, s, lambda: backend.d2d(dst.ptr, src.ptr, nbytes, s), 2, 10, 3)
+    memset(backend, src.ptr, 1, nbytes, s)
+    ms = timed(backend, s, lambda: d2d(backend, dst.ptr, src.ptr, nbytes, s), 2, 10, 3)
     src.free()
     dst.free()
     n = 8192 if free > 16 * 8192 ** 2 * 4 else 4096
@@ -165,7 +174,7 @@ def l2_bytes(backend: Any) -> int:
 def measure_ops(weights: Any, backend: Any, precision: str, batch: int, repeats: int) -> Dict[str, Dict[str, float]]:
     """Per op: `cold_ms`, the median of single launches with L2 flushed by a memset before each (the
     memset also gives the host a head start, so the events time the kernel, not CuPy's launch), and
-    `hot_ms`, from replays of a CUDA graph of `repeats` back-to-back launches (bench_unet.per_op_times:
+    `hot_ms`, from replays of a CUDA graph of `repeats` back-to-back launches (per_op_times:
     the op's data stays in L2 where it fits)."""
     from jetson_unet.executor.executor import GpuExecutor
     c = weights.config
@@ -179,7 +188,7 @@ def measure_ops(weights: Any, backend: Any, precision: str, batch: int, repeats:
         for L in ex.launches:
             cold = []
             for _ in range(repeats):
-                backend.memset(flush.ptr, 0, flush_bytes, s)
+                memset(backend, flush.ptr, 0, flush_bytes, s)
                 e0.record(s)
                 ex.launch_op(L.name, s)
                 e1.record(s)
