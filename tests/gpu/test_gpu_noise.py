@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import report
+from tests.helpers.gpu import report
 from jetson_unet import logs
 from jetson_unet.build.loader import KernelSet
 from jetson_unet.ops.noise import FLAG_AMBIGUOUS, DeviceNoise

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import pipelined_symbols, report
+from tests.helpers.gpu import pipelined_symbols, report
 from jetson_unet.model.config import UNetConfig
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.ops.common import from_device, to_device

@@ -22,7 +22,7 @@ import pytest
 
 import test_gpu_ops as ops_suite
 import test_gpu_unet as unet_suite
-from conftest import report
+from tests.helpers.gpu import report
 from jetson_unet.errors import BackendUnavailable
 from jetson_unet.build import compilers
 from jetson_unet.executor.executor import GpuExecutor
@@ -218,7 +218,7 @@ def test_pycuda_halo_conv_equals_cupy(backend, cupy_backend, weights):
     """The halo conv needs more dynamic smem than the default 48 KB: pycuda's opt-in (a function
     attribute) must be set before its launches. A batch-16 call with halo tiles wherever they apply,
     through both backends."""
-    from tile_rounds import halo_rounds, halo_symbols
+    from tests.helpers.tile_rounds import halo_rounds, halo_symbols
     cfg = weights.config
     rng = np.random.default_rng(16)
     x = rng.standard_normal((16, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import report
+from tests.helpers.gpu import report
 from jetson_unet.errors import Cancelled
 from jetson_unet.sampling.gpu import GpuSampler
 from jetson_unet.pipeline import Pipeline

@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import report
+from tests.helpers.gpu import report
 from jetson_unet.model.config import UNetConfig
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.ops.policy import KernelPolicy
-from test_gpu_ops import OP_TOL, W, check_all_ops
-from test_gpu_unet import UNET_TOL
-from tile_rounds import KINDS, halo_rounds, halo_symbols
+from tests.gpu.test_gpu_ops import OP_TOL, W, check_all_ops
+from tests.gpu.test_gpu_unet import UNET_TOL
+from tests.helpers.tile_rounds import KINDS, halo_rounds, halo_symbols
 
 
 @pytest.mark.gpu

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import pipelined_symbols, replayed_eps, report
+from tests.helpers.gpu import pipelined_symbols, replayed_eps, report
 from jetson_unet.paths import models_dir
 from jetson_unet.model.config import UNetConfig
 from jetson_unet.executor.executor import GpuExecutor

@@ -1,0 +1,137 @@
+"""Cold start on the CPU: Pipeline.load builds the engine ahead of the first sample (numpy, and the
+GPU path over the recording fakes), and the jetson_unet.bench.coldstart child prints one JSON line of phase
+times that sum to at most the total, counting the kernel modules it compiled."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cubin_fakes import CubinBackend, cupy_nvrtc
+
+from jetson_unet.bench import coldstart
+from jetson_unet.errors import UsageError
+from jetson_unet.backends import _CACHE
+from jetson_unet.build.loader import KernelSet
+from jetson_unet.sampling.gpu import GpuSampler
+from jetson_unet.pipeline import Pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+DDIM2 = ["--sampler", "ddim", "--steps", "2"]
+
+
+@pytest.fixture
+def nvrtc(monkeypatch):
+    """CuPy's NVRTC binding, as the loader finds it (a FakeNvrtc): its `calls` are the modules built."""
+    return cupy_nvrtc(monkeypatch)
+
+
+@pytest.fixture
+def fake_cupy(tmp_path, monkeypatch, nvrtc):
+    """`get_backend("cupy")` is a fake that loads cubins (compiler "nvrtc": built through the fake
+    NVRTC), over an empty cubin cache and no modules in memory: a fresh process on an empty kernel
+    cache."""
+    be = CubinBackend()
+    monkeypatch.setitem(_CACHE, "cupy", be)
+    monkeypatch.setattr(KernelSet, "_cache", {})
+    monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path / "cache"))
+    return be
+
+
+# ---- Pipeline.load ----------------------------------------------------------------------------------
+
+def test_load_on_numpy_returns_self_and_sampling_follows(tiny_weights):
+    with Pipeline(tiny_weights, backend="numpy") as pipe:
+        assert pipe.load() is pipe
+        assert pipe.sample(batch=1, steps=2, sampler="ddim").shape == (1, 16, 16, 3)
+        with pytest.raises(UsageError, match="batch must be >= 1"):
+            pipe.load(0)
+    with pytest.raises(UsageError, match="closed"):
+        pipe.load()
+
+
+def test_load_builds_the_gpu_engine_that_sample_then_uses(tiny_weights, fake_cupy, nvrtc):
+    with Pipeline(tiny_weights, backend="cupy", graphs=False) as pipe:
+        assert pipe._engine is None, "nothing is built before load() or sample()"
+        assert pipe.load(2) is pipe
+        eng = pipe._engine
+        assert isinstance(eng, GpuSampler) and eng.batch == 2 and eng._tables is not None
+        assert len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1 and fake_cupy.compiled == []
+        uploads = len(fake_cupy.copies)
+        assert uploads > 0 and all(not ex._pending for ex in eng.executors), "the weight upload was waited for"
+        pipe.sample(batch=2, steps=2, sampler="ddim")
+        assert pipe._engine is eng and len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1
+        pipe.load(1)
+        assert pipe._engine is not eng and pipe._engine.batch == 1 and not eng.executors, "the old one is freed"
+        assert pipe._engine.compute[0] is eng.compute[0], "one compute stream across batch sizes"
+    with pytest.raises(UsageError, match="closed"):
+        pipe.load(1)
+
+
+def test_load_waits_for_a_sample_in_flight(tiny_weights):
+    with Pipeline(tiny_weights, backend="numpy") as pipe:
+        done = threading.Event()
+        with pipe._lock:                     # as a sample() running in another thread holds it
+            t = threading.Thread(target=lambda: (pipe.load(1), done.set()))
+            t.start()
+            time.sleep(0.05)
+            assert not done.is_set()
+        t.join(5)
+        assert done.is_set()
+
+
+# ---- the child ----------------------------------------------------------------------------------------
+
+def check_phases(rec: dict) -> None:
+    for k in coldstart.PHASES:
+        assert isinstance(rec[k], float) and rec[k] >= 0, (k, rec[k])
+    parts = sum(rec[k] for k in ("import_s", "weights_s", "load_s", "first_step_s", "image_s"))
+    assert parts <= rec["total_s"] * (1 + 1e-12), rec
+    assert rec["ready_s"] == pytest.approx(rec["weights_s"] + rec["load_s"] + rec["first_step_s"])
+
+
+def test_child_process_prints_one_json_line_of_phases(tiny_weights_path):
+    r = subprocess.run([sys.executable, "-m", "jetson_unet.bench.coldstart", "--weights", str(tiny_weights_path),
+                        "--backend", "numpy"] + DDIM2, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1, r.stdout
+    rec = coldstart.parse_line(lines[0])
+    assert rec is not None, lines[0]
+    check_phases(rec)
+    assert (rec["backend"], rec["precision"], rec["batch"], rec["steps"], rec["compiles"]) == ("numpy", "fp32", 1, 2, 0)
+    assert rec["import_s"] > 0.01, "numpy and the runtime were imported inside the child's clock"
+
+
+def test_child_counts_the_kernel_modules_it_compiles(tiny_weights_path, fake_cupy, nvrtc, capsys):
+    args = ["--weights", str(tiny_weights_path), "--backend", "cupy", "--no-graphs"] + DDIM2
+    assert coldstart.main(args) == 0
+    cold = json.loads(capsys.readouterr().out)
+    check_phases(cold)
+    assert (cold["backend"], cold["precision"], cold["mode"], cold["compiles"]) == ("cupy", "fp16", "gpu", 1)
+    compiling = [n for n in cold["kernel_notices"] if n.startswith("compiling GPU kernels for sm_87")]
+    tiles = [n for n in cold["kernel_notices"] if n.startswith("no measured tiles for ")]   # the fake GPU has none
+    assert len(compiling) == 1 and len(tiles) == 1 and len(cold["kernel_notices"]) == 2
+    KernelSet._cache.clear()                 # a second process on the cache the first one filled
+    assert coldstart.main(args) == 0
+    warm = json.loads(capsys.readouterr().out)
+    assert warm["compiles"] == 0 and warm["kernel_notices"] == tiles and len(nvrtc.calls) == 1
+    assert len(fake_cupy.loads) == 2 and fake_cupy.loads[0] == fake_cupy.loads[1], "the cached cubin"
+
+
+def test_child_failure_is_one_line_and_an_exit_code(tmp_path, capsys):
+    assert coldstart.main(["--weights", str(tmp_path / "none.npz"), "--backend", "numpy"]) == 2
+    io = capsys.readouterr()
+    assert io.out == "" and io.err.count("\n") == 1 and "none.npz" in io.err
+
+
+@pytest.mark.parametrize("line", [None, "", "wrote x.png", "[1, 2]", '{"import_s": 1}',
+                                  json.dumps(dict.fromkeys(coldstart.PHASES, -1.0)),
+                                  json.dumps(dict.fromkeys(coldstart.PHASES, True))])
+def test_parse_line_takes_only_a_complete_record(line):
+    assert coldstart.parse_line(line) is None

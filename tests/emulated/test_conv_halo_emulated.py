@@ -1,0 +1,127 @@
+"""The halo conv (kernels/conv_halo.cu) against the cp.async im2col conv (conv_pipe.cu), both run on the
+CPU by tests/emu/simt.h (see tests/test_conv_pipe_emulated.py, whose emulation and problems this
+reuses). With one channel chunk (Cin == BK) both kernels sum the same terms in the same order, so
+they must agree bit for bit; with several chunks the halo conv sums chunk-major (another order of
+the same fp32 terms): agreement within the output dtype's rounding. Cases cover whole-row and
+row-part tiles, a ragged last tile (TH not dividing H), up2, fused GroupNorm (padding must stay 0
+after normalizing), the residual K segment, split-K across a chunk boundary, bf16."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from jetson_unet.ops.common import Ctx
+from jetson_unet.ops.conv_halo import ConvGeom, HALO_SMEM_LIMIT, halo_problems
+from jetson_unet.ops.conv_pipe import deep_ring
+from jetson_unet.ops.specs import op_spec
+from tests.emulated.test_conv_pipe_emulated import Problem, build_lib, key, values
+
+pytestmark = pytest.mark.slow
+
+
+def halo(k):
+    return dataclasses.replace(k, halo=True)
+
+
+# (name, reference key (cp.async im2col), halo key, problem, exact)
+CASES = [
+    ("one-chunk-norm-tbias-gelu-res", key(64, 64, 32, stages=3), halo(key(64, 64, 32, stages=3)),
+     dict(hin=16, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True), True),
+    ("row-part-tile-bk64", key(32, 32, 64, stages=3), halo(key(32, 32, 64, stages=3)),
+     dict(hin=16, cin=64, n=32, cr=0, batch=1, norm=True, act=1), True),
+    ("ragged-rows-3-per-tile", key(48, 64, 32, stages=3, wm=1, wn=2), halo(key(48, 64, 32, stages=3, wm=1, wn=2)),
+     dict(hin=16, cin=32, n=64, cr=0, batch=1, norm=True), True),
+    ("one-chunk-residual-conv-split", key(64, 32, 32, stages=3), halo(key(64, 32, 32, stages=3)),
+     dict(hin=8, cin=32, n=32, cr=24, batch=2, norm=True, splits=3), True),
+    ("chunks-norm-residual-conv", key(64, 32, 32, stages=3), halo(key(64, 32, 32, stages=4)),
+     dict(hin=8, cin=96, n=32, cr=40, batch=2, norm=True), False),
+    ("chunks-split-across-chunks", key(32, 64, 32, stages=3), halo(key(32, 64, 32, stages=3)),
+     dict(hin=8, cin=64, n=64, cr=0, batch=1, norm=True, act=1, splits=4), False),
+    ("up2-chunks", key(32, 64, 32, up=2, stages=3), halo(key(32, 64, 32, up=2, stages=2)),
+     dict(hin=8, cin=64, n=48, cr=0, batch=2), False),
+    ("bf16-8-warps", key(128, 64, 32, stages=3, dtype="bf16", wm=4, wn=2),
+     halo(key(128, 64, 32, stages=3, dtype="bf16", wm=4, wn=2)),
+     dict(hin=16, cin=64, n=64, cr=0, batch=1, norm=True, tbias=True, res=True), False),
+]
+
+
+@pytest.fixture(scope="module")
+def emu_lib(tmp_path_factory):
+    return build_lib([k for c in CASES for k in c[1:3]], tmp_path_factory.mktemp("emu-halo"))
+
+
+def test_halo_geometry_checks():
+    g = ConvGeom(cin=96, cr=0, wout=16, norm=True)
+    assert halo_problems(halo(key(64, 64, 32, stages=3)), g) == []
+    assert any("multiple of BK" in p for p in halo_problems(halo(key(64, 64, 64, stages=3)), g))
+    assert any("whole rows" in p for p in halo_problems(halo(key(64, 64, 32, stages=3)),
+                                                            dataclasses.replace(g, wout=12)))
+    assert any("3x3" in p for p in halo_problems(halo(key(64, 64, 32, kh=1, stages=3)), g))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_halo_conv_matches_im2col_conv(emu_lib, case):
+    name, ref_key, halo_key, shape, exact = case
+    geom = ConvGeom(shape["cin"], shape["cr"], shape["hin"] * ref_key.up, shape.get("norm", False))
+    assert halo_problems(halo_key, geom) == [], name
+    prob = Problem(ref_key, **shape)
+    want_out, want_st = prob.run(emu_lib, ref_key)
+    got_out, got_st = prob.run(emu_lib, halo_key)
+    got, want = values(got_out, halo_key.dtype), values(want_out, ref_key.dtype)
+    assert not np.isnan(want).any(), "reference kernel left outputs unwritten"
+    assert not np.isnan(got).any(), f"{halo_key.symbol} left {np.isnan(got).sum()} outputs unwritten"
+    if exact:
+        diff = np.argwhere(got_out != want_out)
+        assert diff.size == 0, f"{halo_key.symbol}: {len(diff)} outputs differ, first at {diff[:4].tolist()}"
+        assert np.array_equal(got_st, want_st, equal_nan=True), "GroupNorm partials differ"
+    else:
+        # another fp32 summation order, then one rounding to the 16-bit output: a few ulps at most
+        ulp = 2.0 ** -10 if halo_key.dtype == "fp16" else 2.0 ** -7
+        tol = 4 * ulp * np.abs(want).max()
+        err = np.abs(got - want).max()
+        assert err <= tol, f"{halo_key.symbol}: max |diff| {err:.3g} > {tol:.3g}"
+        np.testing.assert_allclose(got_st[..., :2], want_st[..., :2], rtol=1e-3, atol=1e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["halo", "k slices", "gate"])
+def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tmp_path, kind):
+    """The halo tiles, the k-sliced cp.async tiles and the gate tiles (the whole N in one CTA or
+    split over 2-4) the tuner may pick (default config, batch 1 and 16) for Orin's sm_87: no
+    spills, and registers that leave two CTAs per SM (the halo conv's smem budget,
+    HALO_SMEM_LIMIT, allows two). Those with a deep ring (deep_ring) have their own test, which
+    allows a few bytes of spills (test_conv_pipelined_cpu.py)."""
+    import shutil
+
+    from jetson_unet.model.config import UNetConfig
+    from jetson_unet.model.arena import view_layout
+    from jetson_unet.ops.tuning import candidates, tunable
+    from jetson_unet.model.plan import GATE, build_plan
+    from jetson_unet.model.weights import random_params
+    from tests.host.test_conv_pipelined_cpu import sm87_ptxas
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    cfg = UNetConfig()
+    plan, params = build_plan(cfg), random_params(cfg, 0)
+    picked = {"halo": lambda op, t: t.halo, "k slices": lambda op, t: t.ks > 1, "gate": lambda op, t: op.kind == GATE}[kind]
+    keys = set()
+    for batch in (1, 16):
+        ctx = Ctx(plan, params, "fp16", batch, 8, view_layout(plan))
+        for op in plan.ops:
+            if tunable(op, ctx):
+                for t in candidates(op, ctx):
+                    if picked(op, t):
+                        spec = op_spec(op, dataclasses.replace(ctx, tiles={op.out: t}))
+                        if deep_ring(spec.key):   # spills allowed: test_conv_pipelined_cpu's deep-ring test
+                            continue
+                        assert not t.halo or spec.smem <= HALO_SMEM_LIMIT, (spec.key.symbol, spec.smem)
+                        keys.add(spec.key)
+    assert keys and (kind != "gate" or any(k.nsplit for k in keys))
+    rep = sm87_ptxas(nvcc, sorted(keys, key=lambda k: k.symbol), tmp_path)
+    for k in keys:
+        f = rep[k.symbol]
+        assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
+        assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)
