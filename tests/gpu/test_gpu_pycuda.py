@@ -20,8 +20,8 @@ from typing import Any, Dict
 import numpy as np
 import pytest
 
-import test_gpu_ops as ops_suite
-import test_gpu_unet as unet_suite
+from tests.gpu import test_gpu_ops as ops_suite
+from tests.gpu import test_gpu_unet as unet_suite
 from tests.helpers.gpu import report
 from jetson_unet.errors import BackendUnavailable
 from jetson_unet.build import compilers
