@@ -23,7 +23,8 @@ from jetson_unet import __version__, logs
 from jetson_unet.files import atomic_open
 from jetson_unet.errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
 from jetson_unet.build.aot import COMPILERS
-from jetson_unet.pipeline import BACKEND_CHOICES, DEFAULT_GPU_MODE, DEFAULT_NOISE, GPU_PRECISIONS, MODES, NOISE_CHOICES, PRECISIONS, default_weights_path
+from jetson_unet.pipeline import (BACKEND_CHOICES, DEFAULT_GPU_MODE, DEFAULT_NOISE, GPU_PRECISIONS, MODES,
+                                  NOISE_CHOICES, PRECISIONS, default_weights_path)
 
 PROG = "jetson-sample"
 

@@ -4,7 +4,7 @@ variables that move them (read here and in the CLIs only).
 | variable | what it moves | default |
 | --- | --- | --- |
 | JETSON_UNET_CACHE | the kernel cache root (cubins in `cubins/v1/`) | $XDG_CACHE_HOME/jetson-unet |
-| JETSON_UNET_TILES | the folder of measured tuning files (`jetson-tune` writes there) | <cache root>/tiles |
+| JETSON_UNET_TILES | the folder of measured tuning files (`jetson-tune` writes there) | $XDG_CACHE_HOME/jetson-unet/tiles |
 | XDG_CACHE_HOME | the user's cache folder | ~/.cache |
 """
 from __future__ import annotations
@@ -34,17 +34,17 @@ def shipped_tiles_dir() -> Path:
     return Path(__file__).resolve().parent / "tiles"
 
 
+def _user_cache(environ: Mapping[str, str]) -> Path:
+    """$XDG_CACHE_HOME (or ~/.cache)/jetson-unet."""
+    return Path(environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "jetson-unet"
+
+
 def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
-    """$JETSON_UNET_CACHE, else $XDG_CACHE_HOME (or ~/.cache)/jetson-unet."""
-    if environ.get(CACHE_ENV):
-        return Path(environ[CACHE_ENV])
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "jetson-unet"
+    """The kernel cache root: $JETSON_UNET_CACHE, else $XDG_CACHE_HOME (or ~/.cache)/jetson-unet."""
+    return Path(environ[CACHE_ENV]) if environ.get(CACHE_ENV) else _user_cache(environ)
 
 
 def user_tiles_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where `jetson-tune` writes and the executor first looks: $JETSON_UNET_TILES, else <XDG cache>/jetson-unet/tiles."""
-    if environ.get(TILES_ENV):
-        return Path(environ[TILES_ENV])
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "jetson-unet" / "tiles"
+    """Where `jetson-tune` writes and the executor first looks: $JETSON_UNET_TILES, else
+    $XDG_CACHE_HOME (or ~/.cache)/jetson-unet/tiles."""
+    return Path(environ[TILES_ENV]) if environ.get(TILES_ENV) else _user_cache(environ) / "tiles"

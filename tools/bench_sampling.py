@@ -31,7 +31,7 @@ from jetson_unet.model.weights import load_weights
 from jetson_unet.paths import models_dir
 from jetson_unet.sampling.gpu import GpuSampler
 from jetson_unet.trace import Timeline
-from tools.peers import SETTLE_S, in_fresh_process, time_torch   # the PyTorch peer loop, shared with tools.bench_peers
+from tools.peers import SETTLE_S, in_fresh_process, time_torch  # the PyTorch peer loop (tools.bench_peers too)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -41,7 +41,7 @@ step tile-deep 480 env GPU_REPORT="$OUT/gpu-report-tiles-deep.txt" python3 -m py
 # The Jetson archs from this machine: the shipped model's modules built for sm_87 (nvcc, SASS arch
 # checked) and for sm_72 through a CUDA 11/12 NVRTC (skips unless $JETSON_UNET_NVRTC or
 # nvidia-cuda-nvrtc-cu11/12 is there: carry its wheel in .whl/), so nothing Hopper-only is in them
-step jetson-archs 180 python3 -m pytest tests/test_nvrtc_lib.py tests/test_aot_prepare.py -q -rs -p no:cacheprovider
+step jetson-archs 180 python3 -m pytest tests/host/test_nvrtc_lib.py tests/host/test_aot_prepare.py -q -rs -p no:cacheprovider
 step sample 60 python3 -m jetson_unet.cli --backend cupy --batch 16 --seed 0 --out "$OUT/gpu-samples.png" \
   --trace "$OUT/trace.json" --quiet
 # the command of the 100-step figures (docs/performance.md); cold (torch.compile of both peers) it passed 200 s

@@ -4,7 +4,7 @@
     python -m tools.train --data .data/emoji64.npz --out out/train --minutes 7.5
     python -m tools.train --smoke                     # tiny config, synthetic data, CPU, seconds
 
-Recipe (shared docs/platform-notes.md, "Training the default model"): batch 128, bf16 autocast
+Recipe (docs/training.md): batch 128, bf16 autocast
 on CUDA, AdamW lr 3e-4, grad-clip 1.0, EMA 0.999, random horizontal flips, images in [-1, 1].
 The whole dataset lives on the device as uint8; batches are random indices + flips there, so
 there is no loader to tune. `--minutes` is a wall-clock budget for the WHOLE process: training

@@ -34,7 +34,7 @@ from jetson_unet import logs  # noqa: E402
 
 PROG = "python -m jetson_unet.bench.coldstart"
 PHASES = ("import_s", "weights_s", "load_s", "first_step_s", "image_s", "total_s", "ready_s")
-BACKEND_MODULES = {"cupy": ("cupy", "cupyx"), "pycuda": ("pycuda.driver", "pycuda.compiler")}
+BACKEND_MODULES = {"cupy": ("cupy", "cupyx"), "pycuda": ("pycuda.driver",)}
 
 
 def build_parser() -> Any:
@@ -73,7 +73,8 @@ def import_backend(backend: str) -> None:
 def measure(args: Any, notes: List[str]) -> Dict[str, Any]:
     """The phases after the imports; `notes` collects the kernel loader's notices meanwhile."""
     from jetson_unet.pipeline import Pipeline
-    from jetson_unet.model.reference import Reference  # noqa: F401  (the numpy engine's module, imported lazily otherwise)
+    # the numpy engine's module, imported lazily otherwise
+    from jetson_unet.model.reference import Reference  # noqa: F401
     t_import = time.perf_counter()
     first: List[float] = []   # the time of step 0's callback, then one entry per later step
 

@@ -294,9 +294,7 @@ NULL_FIGURES = dict.fromkeys(coldstart.PHASES + ("compiles",))   # a failed proc
 
 def _child_env(cache_dir: Optional[str]) -> Dict[str, str]:
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)   # the folder holding the runtime package
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if cache_dir is not None:   # CuPy's kernel cache, the cubin cache (and the pycuda backend's), and
+    if cache_dir is not None:   # CuPy's kernel cache, the cubin cache of both backends, and
         env["CUPY_CACHE_DIR"] = os.path.join(cache_dir, "cupy")
         env["JETSON_UNET_CACHE"] = os.path.join(cache_dir, "jetson-unet")
         env["CUDA_CACHE_PATH"] = os.path.join(cache_dir, "cuda")   # the driver's, where NVRTC 12.9+ keeps builds
@@ -371,7 +369,7 @@ def cold_start(cfg: BenchConfig, args: argparse.Namespace) -> Dict[str, Any]:
         rec: Dict[str, Any] = {"cmd": cmd, "cold": run_child(cmd, env, args.cold_timeout)}
         if gpu:
             rec["warm"] = run_child(cmd, env, args.cold_timeout)
-        if cfg.backend == "cupy":   # the pycuda backend does not read the cubin cache (README)
+        if gpu:   # --prepare's cubins serve either backend
             rec["prepare_cmd"] = prepare
             rec["aot"] = aot_child(cmd, prepare, _child_env(os.path.join(tmp, "aot")), args.cold_timeout)
     finally:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.files import atomic_open
+from jetson_unet.paths import cache_root
 
 CACHE_VERSION = "v1"
 FORMAT = "jetson-unet-cubin/1"
@@ -45,11 +46,9 @@ log = logging.getLogger(__name__)
 
 
 def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """$JETSON_UNET_CACHE/cubins/v1, else $XDG_CACHE_HOME (or ~/.cache)/jetson-unet/cubins/v1."""
-    if environ.get("JETSON_UNET_CACHE"):
-        return Path(environ["JETSON_UNET_CACHE"]) / "cubins" / CACHE_VERSION
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "jetson-unet" / "cubins" / CACHE_VERSION
+    """<the cache root>/cubins/v1 (jetson_unet.paths.cache_root: $JETSON_UNET_CACHE, else
+    $XDG_CACHE_HOME or ~/.cache, then jetson-unet)."""
+    return cache_root(environ) / "cubins" / CACHE_VERSION
 
 
 def key_options(options: Iterable[str]) -> Tuple[str, ...]:

@@ -8,7 +8,6 @@ their symbols are plain names such as `conv3x3s1u1_f16_64x64_2x2_v8`.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
@@ -48,24 +47,9 @@ def module_source(keys: Iterable[Any], folder: Optional[Path] = None) -> str:
     return read_sources(folder, names) + "\n// ==== instantiations (generated) ====\n" + "\n".join(lines) + "\n"
 
 
-def toolkit_include() -> Optional[str]:
-    """`<toolkit>/include` if a CUDA toolkit is installed; our kernels include no CUDA header, so
-    this is only a convenience for NVRTC builds that want the toolkit's headers."""
-    for env in ("CUDA_PATH", "CUDA_HOME"):
-        root = os.environ.get(env)
-        if root and (Path(root) / "include" / "cuda.h").is_file():
-            return str(Path(root) / "include")
-    default = Path("/usr/local/cuda/include")
-    return str(default) if (default / "cuda.h").is_file() else None
-
-
 def nvrtc_options(arch: int, folder: Optional[Path] = None) -> Tuple[str, ...]:
     """The one options tuple of every module of the process. CuPy adds `-arch=sm_XX` of the
     current device itself (NVRTC accepts the same target named twice); we name it too so a second
     backend (pycuda) gets the same build and the tuple says what it targets."""
     folder = Path(folder) if folder else kernels_dir()
-    opts = [f"--gpu-architecture=sm_{int(arch)}", "-std=c++17", f"-I{folder}"]
-    inc = toolkit_include()
-    if inc:
-        opts.append(f"-I{inc}")
-    return tuple(opts)
+    return (f"--gpu-architecture=sm_{int(arch)}", "-std=c++17", f"-I{folder}")

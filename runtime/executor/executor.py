@@ -28,7 +28,8 @@ from jetson_unet.executor import memory
 from jetson_unet.backends import get_backend
 from jetson_unet.backends.base import Backend
 from jetson_unet.build.loader import KernelSet
-from jetson_unet.ops.common import ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, from_device, storage_dtype, to_device
+from jetson_unet.ops.common import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, from_device, storage_dtype,
+                                    to_device)
 from jetson_unet.ops.conv_pipe import PIPE_SCRATCH
 from jetson_unet.ops.specs import all_tile_keys, op_spec
 from jetson_unet.ops.policy import KernelPolicy

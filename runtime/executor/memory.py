@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from jetson_unet.model.arena import ALIGN, ArenaPlan, ExtraRegion, activation_elem_bytes, aligned, plan_arena, regions, view_layout
+from jetson_unet.model.arena import (ALIGN, ArenaPlan, ExtraRegion, activation_elem_bytes, aligned,
+                                     plan_arena, regions, view_layout)
 from jetson_unet.errors import ArenaError, UsageError
 from jetson_unet.model.plan import CAT, TIME_PROJ, Plan, build_plan
 from jetson_unet.ops.noise import STATE_DTYPE, draw_rows, scratch_sizes

@@ -25,7 +25,9 @@ from typing import Any, Dict, Mapping, Optional, Union
 import numpy as np
 
 from jetson_unet.model.config import UNetConfig
-from jetson_unet.errors import ConfigError, WeightsDtypeError, WeightsError, WeightsFileError, WeightsFormatError, WeightsHashError, WeightsNameError, WeightsShapeError, WeightsValueError
+from jetson_unet.errors import (ConfigError, WeightsDtypeError, WeightsError, WeightsFileError,
+                                WeightsFormatError, WeightsHashError, WeightsNameError, WeightsShapeError,
+                                WeightsValueError)
 from jetson_unet.files import atomic_open
 from jetson_unet.model.plan import param_shapes
 

@@ -1,4 +1,7 @@
-"""What every launcher shares: fixed-width argument scalars, host dtype conversion, the op spec (`OpSpec`: grid, block, shared memory, packed weights, argument maker) and its context (`Ctx`), and the device-address interface (`Resolver`) the executor implements.
+"""What every launcher shares: fixed-width argument scalars, host dtype conversion, the op spec
+(`OpSpec`: grid, block, shared memory, packed weights, argument maker) and its context (`Ctx`), the
+device-address interface (`Resolver`) the executor implements, and one op's measured tile
+(`TileChoice`).
 
 Nothing here touches the GPU: an `OpSpec` is built from the plan and the parameters alone, and its
 `make_args(resolver)` turns device addresses (known once the arena and weights are allocated) into
@@ -133,7 +136,8 @@ def k_residual(op: Op) -> Optional[str]:
     of a conv without activation, with identity weights (exact: x * 1 in fp32 accumulation). As a K
     segment the residual streams through the copy pipeline with the GEMM's operands; as the
     epilogue's `res` its loads came after the k loop, exposed on every CTA of a one-wave grid
-    (Nsight Compute, H200, batch 16: 21% of a 64x64-level conv2's warp stall samples). The residual of a conv with an activation stays in the epilogue (act(conv) + res)."""
+    (Nsight Compute, H200, batch 16: 21% of a 64x64-level conv2's warp stall samples). The residual
+    of a conv with an activation stays in the epilogue (act(conv) + res)."""
     if op.residual and (op.residual_conv or op.act == "none"):
         return op.residual
     return None

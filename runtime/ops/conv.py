@@ -9,9 +9,12 @@ import dataclasses
 import numpy as np
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from jetson_unet.ops.common import Ctx, ELEM_BYTES, F, I, MAX_STAGES, OpSpec, P, Resolver, SMEM_LIMIT, VEC_MAX, cdiv, from_device, k_residual, padded, round_up, to_device, vec_for
+from jetson_unet.ops.common import (Ctx, ELEM_BYTES, F, I, MAX_STAGES, OpSpec, P, Resolver, SMEM_LIMIT,
+                                    VEC_MAX, cdiv, from_device, k_residual, padded, round_up, to_device,
+                                    vec_for)
 from jetson_unet.ops.conv_halo import ConvGeom, builtin_halo, conv_geom, halo_problems, halo_smem
-from jetson_unet.ops.conv_pipe import PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem, pipelined, with_pipeline
+from jetson_unet.ops.conv_pipe import (PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem,
+                                       pipelined, with_pipeline)
 from jetson_unet.ops.tiles import choose_bk, choose_splits, choose_tile
 from jetson_unet.errors import ConfigError
 from jetson_unet.ops.keys import ConvKey

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 from typing import Any, Tuple
 
-from jetson_unet.ops.common import Ctx, I, OpSpec, P, Resolver, SMEM_LIMIT, b_fragment, cdiv, padded, round_up, to_device, vec_for
+from jetson_unet.ops.common import (Ctx, I, OpSpec, P, Resolver, SMEM_LIMIT, b_fragment, cdiv, padded,
+                                    round_up, to_device, vec_for)
 from jetson_unet.errors import ConfigError
 from jetson_unet.ops.keys import SimpleKey
 from jetson_unet.model.plan import Op

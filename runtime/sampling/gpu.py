@@ -18,8 +18,9 @@ gpu (beyond the seeds): p_sample runs on the GPU, in the U-Net's last kernel (fi
     redrawn on the host, so the images are always the spec's stream).
 Streams: on an H100 a process in which a few plain (non-graph) kernel launches went to a second
     stream runs every later kernel launch ~0.2 us slower for good, graphs included (a batch-1 U-Net
-    call 400 -> 427 us); graph launches on other streams do not do that. So in gpu mode plain launches go to the compute stream only: the side stream's draws are
-    graphs, and a Pipeline keeps one compute stream for all its samplers. (cpu mode's ping-pong
+    call 400 -> 427 us); graph launches on other streams do not do that. So in gpu mode plain
+    launches go to the compute stream only: the side stream's draws are graphs, and a Pipeline
+    keeps one compute stream for all its samplers. (cpu mode's ping-pong
     launches its second half-batch on a second stream, and pays for it.)
 """
 from __future__ import annotations

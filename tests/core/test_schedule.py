@@ -12,7 +12,8 @@ import pytest
 
 from jetson_unet.model.config import Schedule
 from jetson_unet.errors import UsageError
-from jetson_unet.model.schedule import NoiseStream, coefficients, ddim_steps, ddpm_steps, make_steps, p_sample, sample_loop, to_uint8
+from jetson_unet.model.schedule import (NoiseStream, coefficients, ddim_steps, ddpm_steps, make_steps,
+                                        p_sample, sample_loop, to_uint8)
 
 SCHED = Schedule()       # T = 100, the spec's default
 T = SCHED.timesteps

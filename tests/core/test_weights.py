@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from jetson_unet.model.config import UNetConfig
-from jetson_unet.errors import WeightsDtypeError, WeightsError, WeightsFileError, WeightsFormatError, WeightsHashError, WeightsNameError, WeightsShapeError, WeightsValueError
+from jetson_unet.errors import (WeightsDtypeError, WeightsError, WeightsFileError, WeightsFormatError,
+                                WeightsHashError, WeightsNameError, WeightsShapeError, WeightsValueError)
 from jetson_unet.model.plan import param_shapes
 from jetson_unet.model.weights import MANIFEST_KEY, content_hash, load_weights, random_params, save_weights
 

@@ -100,7 +100,7 @@ def _tuned_tiles_file(w, folder, device, sms, precision, batch):
 
 def test_prepare_builds_the_module_of_the_tuned_tiles_the_executor_finds(tmp_path, monkeypatch):
     """Measured tiles (a tuning file) change the executor's module: --prepare must build that one, or
-    the first run compiles after all (the H100's shipped files did that until session 18). Native:
+    the first run compiles after all (the H100's shipped files once did). Native:
     the executor's module only. Cross (arch and SM count): the built-in tiles' module and one per
     tuning file of that SM count, whatever its device (a file tuned on the board, copied back)."""
     monkeypatch.setattr(KernelSet, "_cache", {})

@@ -21,7 +21,8 @@ from jetson_unet.model.config import UNetConfig
 from jetson_unet.ops.common import Ctx, SMEM_LIMIT
 from jetson_unet.model.arena import view_layout
 from jetson_unet.ops.conv_halo import HALO_SMEM_LIMIT
-from jetson_unet.ops.conv_pipe import PIPE_RING_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem, pipe_tile
+from jetson_unet.ops.conv_pipe import (PIPE_RING_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem,
+                                       pipe_tile)
 from jetson_unet.ops.specs import op_spec
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.ops.keys import ConvKey

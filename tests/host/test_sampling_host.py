@@ -174,7 +174,7 @@ def test_noise_usage_errors(kw, needle):
 @pytest.mark.parametrize("batch,graphs", [(2, False), (2, True), (16, False), (16, True)])
 def test_plain_launches_stay_on_the_compute_stream(monkeypatch, batch, graphs):
     """On an H100 a few plain launches on a second stream slow every later launch of the process
-    (docs/perf-notes.md session 15): plain launches go to the compute stream only; the side
+    (~0.2 us each): plain launches go to the compute stream only; the side
     stream's noise draws run as graphs. With graphs, each distinct
     draw is captured once and a second run replays the same draws."""
     monkeypatch.setattr(KernelSet, "_cache", {})
