@@ -218,8 +218,11 @@ class Event:
 
 class SamplerBackend(EmuBackend):
     """The sampler over host memory: noise_* kernels emulated, every other kernel a no-op (so x
-    keeps x_T and the noise rows stay as drawn)."""
+    keeps x_T and the noise rows stay as drawn). A jetson_unet.backends.base.Backend with no
+    compiler: its one module comes from compile_source."""
     name = "emu-noise"
+    supports_graphs = False
+    compiler = None
 
     def __init__(self, lib) -> None:
         self.lib = lib
@@ -245,7 +248,25 @@ class SamplerBackend(EmuBackend):
     def wait(self, stream, event) -> None:
         pass
 
-    def compile(self, source, name, options, symbols=()):
+    def integrated(self) -> bool:
+        return False
+
+    def nvtx_push(self, name: str) -> None:
+        pass
+
+    def nvtx_pop(self) -> None:
+        pass
+
+    def capture_begin(self, stream) -> None:
+        raise AssertionError("no graphs on this backend")
+
+    def capture_end(self, stream):
+        raise AssertionError("no graphs on this backend")
+
+    def load_cubin(self, path, symbols=()):
+        raise AssertionError("a backend without a compiler is never handed a cubin")
+
+    def compile_source(self, source, name, options, symbols=()):
         return self
 
     def get(self, symbol: str):
