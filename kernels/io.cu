@@ -32,17 +32,18 @@
 //   for odd strides or view offsets; chosen on the host like the depthwise conv's): one scalar
 //   load per channel made a warp's loads 32 pixels apart each (8 us at batch 16 on the H100).
 //   With xs (the sampler's fp32 NHWC image; GpuExecutor.run(step=...)) it also takes the sampling
-//   step in place, xs = c_x * xs + c_eps * eps + sigma * z with (c_x, c_eps, sigma, row) = *step
-//   (init_conv's step advance, below) and z the NCHW noise row `row` of npix * Cout values (none
-//   when row is -1; hw pixels per image), exactly as the host's generator fills it, so host noise is
-//   drawn straight into pinned memory with no transpose pass (at batch 16 the transpose made the noise
-//   thread, not the GPU, the bottleneck). One kernel fewer per step than a separate p_sample.
+//   step in place, xs = c_x * xs + c_eps * eps + c_h * hist + sigma * z and hist = d_x * xs + d_eps * eps
+//   (the multistep history, DPM-Solver++(2M)) with the coefficients of step[0..1] (init_conv's step
+//   advance, below) and z image b's NCHW noise row `row` of Cout * hw values (none when row is -1),
+//   exactly as the host's generator for that image fills it, so host noise is drawn straight into
+//   pinned memory with no transpose pass (at batch 16 the transpose made the noise thread, not the
+//   GPU, the bottleneck). One kernel fewer per step than a separate p_sample.
 // The sampler's step advance (the pipeline's GPU mode), taken by init_conv, the first kernel of a
 //   step: one extra CTA per sample (grid.x = the conv's tiles + 1; only sample 0's does the work, the
 //   others and every one with a null counter return at once) moves *counter to this step (it starts
 //   at -1), points the U-Net's per-sample timestep array at it (t_idx[b] = t_of_step[s]) and copies
-//   the step's coefficients and noise row to *cur (float4: c_x, c_eps, sigma, row as int bits), which
-//   final_conv reads. The device reads its step from device memory, so one captured CUDA graph (the
+//   the step's coefficients and noise row to cur[0..1] (float4 c_x, c_eps, sigma, row as int bits;
+//   float4 c_h, d_x, d_eps, 0), which final_conv reads. The device reads its step from device memory, so one captured CUDA graph (the
 //   U-Net) serves every step of a run: replaying it advances the loop. Inside init_conv its latency
 //   chain (counter, then the tables) runs beside the conv's own: as a separate kernel on a graph
 //   branch it cost ~5 us per step at batch 1 and 16 (H100).
@@ -69,8 +70,11 @@ __device__ __forceinline__ bool step_advance(int tiles, int *counter, int *t_idx
     __syncthreads();
     if (s < n_steps) {
         for (int b = threadIdx.x; b < (int)gridDim.z; b += blockDim.x) t_idx[b] = t_of_step[s];
-        if (threadIdx.x == 0)
-            *cur = make_float4(coef[3 * s], coef[3 * s + 1], coef[3 * s + 2], __int_as_float(noise_row[s]));
+        if (threadIdx.x == 0) {   // the step's six coefficients (schedule.Step) and its noise row
+            const float *c = coef + 6 * s;
+            cur[0] = make_float4(c[0], c[1], c[2], __int_as_float(noise_row[s]));
+            cur[1] = make_float4(c[3], c[4], c[5], 0.0f);
+        }
     }
     if (threadIdx.x == 0) *counter = s;
     return true;
@@ -273,15 +277,16 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
 
 #define FINAL_PARAMS                                                                            \
     const void *x_, int npix, int Cin, int ldx, const float *w, const float *bias, float *out, int Cout, \
-    float *xs, const float *noise, const float4 *step, int hw
-#define FINAL_ARGS x_, npix, Cin, ldx, w, bias, out, Cout, xs, noise, step, hw
+    float *xs, const float *noise, const float4 *step, float *hist, int rows, int hw
+#define FINAL_ARGS x_, npix, Cin, ldx, w, bias, out, Cout, xs, noise, step, hist, rows, hw
 
 template <class D, int VEC>
 __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
     typedef typename D::S S;
     const S *x = (const S *)x_;
     float *ws = dyn_smem;
-    const float4 k = xs ? *step : make_float4(0.0f, 0.0f, 0.0f, 0.0f);   // first: overlaps the staging
+    const float4 k = xs ? step[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);   // first: overlaps the staging
+    const float4 kh = xs ? step[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int i = threadIdx.x; i < Cout * Cin; i += blockDim.x) ws[i] = w[i];
     __syncthreads();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -305,15 +310,22 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
     for (int j = 0; j < 8; ++j)
         if (j < Cout) out[(size_t)p * Cout + j] = acc[j] += bias[j];
     if (!xs) return;
-    // the sampler's step (schedule.p_sample's expression, on the eps values just stored)
+    // the sampler's step (schedule.p_sample's expression, on the eps values just stored): x' = c_x x +
+    // c_eps eps + c_h h + sigma z and h' = d_x x + d_eps eps, with (c_x, c_eps, sigma, row) = step[0],
+    // (c_h, d_x, d_eps) = step[1]; z is image b's noise row `row` ([B][rows][Cout][hw]). The history is
+    // read only where c_h weighs it and written only where a later step will (DPM-Solver++ (2M))
     const int row = __float_as_int(k.w), b = p / hw;
-    const float *z = row >= 0 ? noise + (size_t)row * npix * Cout + (size_t)b * Cout * hw + (p - b * hw) : nullptr;
+    const float *z = row >= 0 ? noise + ((size_t)b * rows + row) * Cout * hw + (p - b * hw) : nullptr;
+    const bool read_h = kh.x != 0.0f, write_h = kh.y != 0.0f || kh.z != 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         if (j >= Cout) continue;
         const size_t i = (size_t)p * Cout + j;
-        float v = fmaf(k.x, xs[i], k.y * acc[j]);   // acc: eps as stored
+        const float x0 = xs[i];
+        float v = fmaf(k.x, x0, k.y * acc[j]);   // acc: eps as stored
+        if (read_h) v = fmaf(kh.x, hist[i], v);
         if (z) v = fmaf(k.z, z[(size_t)j * hw], v);
+        if (write_h) hist[i] = fmaf(kh.y, x0, kh.z * acc[j]);
         xs[i] = v;
     }
 }

@@ -20,6 +20,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from jetson_unet import __version__, logs
+from jetson_unet.model.schedule import DEFAULT_SAMPLER, DPMPP_STEPS, SAMPLERS, check_seeds, image_seeds
 from jetson_unet.files import atomic_open
 from jetson_unet.errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
 from jetson_unet.build.aot import COMPILERS
@@ -43,10 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-each", metavar="DIR", default=None, help="also write each image as DIR/NNN.png")
     p.add_argument("--batch", type=int, nargs="+", default=None,
                    help="images to generate (default 4); --plan-only and --prepare take several (default 1 4 16)")
-    p.add_argument("--steps", type=int, default=None, help="sampling steps (DDIM only; default: all T)")
-    p.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm", help="sampler")
+    p.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
+                   help="ddpm (all T steps, noisy), ddim or dpmpp-2m (deterministic, fewer steps: docs/samplers.md)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"sampling steps of ddim (default: all T) and dpmpp-2m (default {DPMPP_STEPS}); ddpm runs all T")
     p.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0: deterministic)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise stream")
+    p.add_argument("--seed", type=int, default=None, help="seed of the first image (default 0); image i draws from seed + i")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
+                   help="one seed per image instead (the batch is their number)")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="auto: CuPy when usable, else pycuda, else NumPy with a notice; pycuda runs "
                         "without CUDA graphs (as --no-graphs)")
@@ -165,8 +170,13 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
         for flag, value in (("--arch", args.arch), ("--sms", args.sms), ("--budget", args.budget)):
             if value is not None:
                 raise UsageError(f"{flag} goes with --prepare or --plan-only")
-        args.batch = _single(args.batch, 4, "--batch")
+        args.batch = _single(args.batch, None if args.seeds else 4, "--batch")
         args.precision = _single(args.precision, "auto", "--precision")
+        if args.seeds and args.seed is not None:
+            raise UsageError("--seed and --seeds: give one or the other")
+        args.seeds = check_seeds(args.seeds, args.batch or len(args.seeds)) if args.seeds else image_seeds(
+            args.seed or 0, args.batch)
+        args.batch = len(args.seeds)
         return _sample(args)
 
 
@@ -192,7 +202,8 @@ def _sample(args: argparse.Namespace) -> int:
         bar, cb = _progress(args.quiet, n_steps)
         t0 = time.perf_counter()
         try:
-            images = pipe.sample(args.batch, args.steps, args.sampler, args.eta, args.seed, cb, timeline)
+            images = pipe.sample(args.batch, args.steps, args.sampler, args.eta, callback=cb, timeline=timeline,
+                                 seeds=args.seeds)
         finally:
             if bar is not None:
                 bar.close()

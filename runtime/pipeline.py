@@ -14,14 +14,15 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from jetson_unet.errors import BackendUnavailable, UsageError
 from jetson_unet.ops.noise import NOISE_SOURCES
 from jetson_unet.ops.policy import KernelPolicy
-from jetson_unet.model.schedule import make_steps, sample_loop, to_uint8
+from jetson_unet.model.schedule import (DEFAULT_SAMPLER, check_seeds, image_seeds, make_steps,
+                                        sample_loop, to_uint8)
 from jetson_unet.model.weights import Weights, load_weights
 
 log = logging.getLogger(__name__)
@@ -134,11 +135,23 @@ class Pipeline:
                 self._gpu_sampler(batch).prepare()
         return self
 
-    def sample(self, batch: int = 1, steps: Optional[int] = None, sampler: str = "ddpm", eta: float = 0.0,
-               seed: int = 0, callback: Optional[Callback] = None, timeline: Any = None) -> np.ndarray:
-        """Generate `batch` images; returns uint8 (B, H, W, C)."""
-        if batch < 1:
-            raise UsageError(f"batch must be >= 1, got {batch}")
+    def sample(self, batch: Optional[int] = None, steps: Optional[int] = None,
+               sampler: str = DEFAULT_SAMPLER, eta: float = 0.0, seed: int = 0, callback: Optional[Callback] = None,
+               timeline: Any = None, seeds: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Generate images; returns uint8 (B, H, W, C). One noise stream per image: image i of a call
+        with `seed` s draws from PCG64(s + i), or from `seeds[i]` (then the batch is len(seeds)), so
+        an image depends on its own seed only, whatever the batch and its place in it. steps: None
+        is the sampler's default (DDPM and DDIM: all T; dpmpp-2m: DPMPP_STEPS)."""
+        if seeds is None:
+            batch = 1 if batch is None else batch
+            if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+                raise UsageError(f"batch must be an integer >= 1, got {batch!r}")
+            seeds = image_seeds(seed, int(batch))
+        else:
+            seeds = check_seeds(seeds, len(seeds) if batch is None else batch)
+            batch = len(seeds)
+            if batch < 1:
+                raise UsageError("seeds must name at least one image")
         plan = make_steps(self.config.schedule, sampler, steps, eta)
         c = self.config
         shape = (batch, c.channels, c.image_size, c.image_size)
@@ -146,9 +159,9 @@ class Pipeline:
             if self._closed:
                 raise UsageError("this Pipeline is closed")
             if self.backend == "numpy":
-                x0 = sample_loop(self._engine.eps, shape, plan, seed, callback)
+                x0 = sample_loop(self._engine.eps, shape, plan, seeds, callback)
             else:
-                x0 = self._gpu_sampler(batch).run(plan, seed, callback, timeline)
+                x0 = self._gpu_sampler(batch).run(plan, seeds, callback, timeline)
         return to_uint8(x0)
 
     def close(self) -> None:

@@ -259,7 +259,7 @@ def preview(tr: Trainer, out_png: str, n: int) -> None:
         return tr.ema(torch.from_numpy(x).to(dev), torch.from_numpy(t).to(dev)).float().cpu().numpy()
 
     shape = (n, cfg.channels, cfg.image_size, cfg.image_size)
-    imgs = to_uint8(sample_loop(eps_fn, shape, make_steps(cfg.schedule, "ddpm"), seed=0))
+    imgs = to_uint8(sample_loop(eps_fn, shape, make_steps(cfg.schedule, "ddpm"), seeds=0))
     cols = int(math.ceil(math.sqrt(n)))
     rows = int(math.ceil(n / cols))
     grid = np.full((rows * cfg.image_size, cols * cfg.image_size, cfg.channels), 255, np.uint8)

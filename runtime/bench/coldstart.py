@@ -39,6 +39,7 @@ BACKEND_MODULES = {"cupy": ("cupy", "cupyx"), "pycuda": ("pycuda.driver",)}
 
 def build_parser() -> Any:
     from jetson_unet.cli import _Parser
+    from jetson_unet.model.schedule import SAMPLERS
     from jetson_unet.pipeline import BACKEND_CHOICES, MODES, PRECISIONS
     p = _Parser(prog=PROG, description="Time a fresh process to its first step and image; one JSON line.")
     p.add_argument("--weights", default=None, help="model .npz (default: the shipped model)")
@@ -47,8 +48,8 @@ def build_parser() -> Any:
     p.add_argument("--precision", choices=PRECISIONS, default="auto")
     p.add_argument("--mode", choices=MODES, default="auto")
     p.add_argument("--no-graphs", action="store_true")
-    p.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm")
-    p.add_argument("--steps", type=int, default=None, help="DDIM only")
+    p.add_argument("--sampler", choices=SAMPLERS, default="ddpm")
+    p.add_argument("--steps", type=int, default=None, help="ddim and dpmpp-2m")
     p.add_argument("--eta", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -86,7 +87,7 @@ def measure(args: Any, notes: List[str]) -> Dict[str, Any]:
         t_weights = time.perf_counter()
         pipe.load(args.batch)
         t_load = time.perf_counter()
-        pipe.sample(args.batch, args.steps, args.sampler, args.eta, args.seed, on_step)
+        pipe.sample(args.batch, args.steps, args.sampler, args.eta, args.seed, callback=on_step)
         t_end = time.perf_counter()
         backend, precision, mode = pipe.backend, pipe.precision, pipe.mode
     t_first = first[0] if first else t_end

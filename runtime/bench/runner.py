@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                             f"`{PROG} compare A.json B.json` prints two results side by side.")
     p.add_argument("--weights", default=str(default_weights_path()), help="model .npz (the shipped model by default)")
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes")
-    p.add_argument("--steps", type=int, nargs="+", default=None, help="DDIM step counts (DDPM always runs T)")
+    p.add_argument("--steps", type=int, nargs="+", default=None,
+                   help="step counts of ddim and dpmpp-2m (default: theirs; DDPM always runs T)")
     p.add_argument("--sampler", nargs="+", choices=SAMPLERS, default=["ddpm"], help="samplers")
     p.add_argument("--eta", type=float, default=0.0, help="DDIM eta")
     p.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["auto"],
@@ -164,20 +165,25 @@ def resolve_precisions(wanted: Sequence[str], backend: str) -> List[str]:
     return _unique(out)
 
 
+def sampler_eta(sampler: str, args: argparse.Namespace) -> float:
+    """--eta is DDIM's: the other samplers of a grid run without it."""
+    return args.eta if sampler == "ddim" else 0.0
+
+
 def build_grid(args: argparse.Namespace, backend: str, schedule: Any) -> List[BenchConfig]:
     T = schedule.timesteps
     samplers = _unique(args.sampler)
-    if args.steps and "ddim" not in samplers and any(n != T for n in args.steps):
+    if args.steps and samplers == ["ddpm"] and any(n != T for n in args.steps):
         raise UsageError(f"DDPM runs all {T} steps (got --steps {' '.join(map(str, args.steps))}); "
-                         "add --sampler ddim for fewer steps")
+                         "add --sampler ddim or dpmpp-2m for fewer steps")
     modes = ["-"] if backend == "numpy" else _unique(args.mode)
     grid = []
     for precision in resolve_precisions(args.precision, backend):
         for mode in modes:
             for sampler in samplers:
-                counts = [T] if sampler == "ddpm" else _unique(args.steps or [T])
+                counts = [T] if sampler == "ddpm" else _unique(args.steps or [len(make_steps(schedule, sampler))])
                 for n in counts:
-                    make_steps(schedule, sampler, None if sampler == "ddpm" else n, args.eta)   # validates
+                    make_steps(schedule, sampler, None if sampler == "ddpm" else n, sampler_eta(sampler, args))   # validates
                     graphs = mode == "gpu" and not args.no_graphs and backend != "pycuda"   # gpu mode only; pycuda: none
                     noise = "host"
                     if mode == "gpu":
@@ -258,7 +264,7 @@ def measure_run(eng: Any, steps: list, cfg: BenchConfig, i: int, args: argparse.
 
 def bench_config(cfg: BenchConfig, weights: Any, gpu: Any, args: argparse.Namespace, tel: Any,
                  stream: Any = None) -> dict:
-    steps = make_steps(weights.config.schedule, cfg.sampler, cfg.steps_arg, args.eta)
+    steps = make_steps(weights.config.schedule, cfg.sampler, cfg.steps_arg, sampler_eta(cfg.sampler, args))
     rec: Dict[str, Any] = {"label": cfg.label, "config": asdict(cfg)}
     free0 = _free_bytes(gpu)
     t_setup = tel.mark(f"{cfg.label} | setup")
@@ -346,8 +352,8 @@ def cold_commands(cfg: BenchConfig, args: argparse.Namespace) -> Tuple[List[str]
     """The child (`python -m jetson_unet.bench.coldstart`, batch 1) and the --prepare of its kernels."""
     cmd = [sys.executable, "-m", "jetson_unet.bench.coldstart", "--weights", str(args.weights), "--batch", "1",
            "--backend", cfg.backend, "--precision", cfg.precision, "--sampler", cfg.sampler,
-           "--eta", repr(args.eta), "--seed", str(args.seed)]
-    if cfg.sampler == "ddim":
+           "--eta", repr(sampler_eta(cfg.sampler, args)), "--seed", str(args.seed)]
+    if cfg.sampler != "ddpm":
         cmd += ["--steps", str(cfg.steps)]
     if cfg.backend != "numpy":
         cmd += ["--mode", cfg.mode] + ([] if cfg.graphs else ["--no-graphs"])

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "fp16", "bf16")
 ALIGN = memory.ALIGN
 _T_MARK = object()   # stands for the t_idx pointer in argument tuples until launch
-_STEP_MARK = object()   # final_conv's sampler-step pointers (3 arguments from here; null by default)
+_STEP_MARK = object()   # final_conv's sampler-step arguments (5 from here; null by default)
 _ADV_MARK = object()    # init_conv's step-advance arguments (7 from here; null by default)
 
 
@@ -54,6 +54,8 @@ class StepTables:
     coef: int
     noise_row: int
     n_steps: int
+    hist: int        # the multistep history (fp32, as the image)
+    noise_rows: int  # rows of noise per image in `noise` ([B][noise_rows][C*H*W])
 
 
 @dataclass
@@ -82,7 +84,7 @@ class Launch:
         return tuple(a)
 
 
-NO_STEP = {_STEP_MARK: (np.uint64(0),) * 3, _ADV_MARK: (np.uint64(0),) * 6 + (np.int32(0),)}
+NO_STEP = {_STEP_MARK: (np.uint64(0),) * 4 + (np.int32(0),), _ADV_MARK: (np.uint64(0),) * 6 + (np.int32(0),)}
 
 
 class _Addr(Resolver):
@@ -275,7 +277,7 @@ class GpuExecutor:
     def step_args(self, tables: StepTables) -> Dict[Any, Tuple[Any, ...]]:
         """The sampler step's kernel arguments (Launch.args_for): final_conv's, then init_conv's."""
         P = np.uint64
-        return {_STEP_MARK: (P(self.x_ptr), P(tables.noise), P(tables.cur)),
+        return {_STEP_MARK: (P(self.x_ptr), P(tables.noise), P(tables.cur), P(tables.hist), np.int32(tables.noise_rows)),
                 _ADV_MARK: (P(tables.counter), P(self.t_idx_ptr), P(tables.cur), P(tables.t_of_step), P(tables.coef),
                             P(tables.noise_row), np.int32(tables.n_steps))}
 

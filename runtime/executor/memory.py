@@ -133,15 +133,18 @@ def largest_batch(need: Callable[[int], int], budget: int, hi: Optional[int] = N
 
 # ---- the whole sampler -----------------------------------------------------------------------------------
 # written on the device by the step advance (kernels/io.cu init_conv), never staged from the host
-DEVICE_ONLY_TABLES = ("cur",)
+DEVICE_ONLY_TABLES = ("cur", "hist")
+STEP_COEFS = 6   # per step: c_x, c_eps, sigma, c_h, d_x, d_eps (jetson_unet.model.schedule.Step)
 
 
 def sampler_tables(config: Any, batch: int) -> Dict[str, int]:
     """gpu mode's device tables (GpuSampler._prepare_gpu): step coefficients, noise row per step,
-    t per step, the step counter, the current step's coefficients (kernels/io.cu), and the noise
-    of every step for the whole batch (fp32)."""
+    t per step, the step counter, the current step's coefficients (kernels/io.cu: two float4), the
+    noise of every step for the whole batch (fp32, image by image: [B][T][C*H*W]) and the history
+    a multistep sampler carries from step to step (fp32 NHWC, as the image)."""
     T, n = config.timesteps, batch * config.channels * config.image_size ** 2
-    return {"coef": 12 * T, "noise_row": 4 * T, "t_of_step": 4 * T, "counter": 4, "cur": 16, "noise": 4 * n * T}
+    return {"coef": 4 * STEP_COEFS * T, "noise_row": 4 * T, "t_of_step": 4 * T, "counter": 4, "cur": 32,
+            "noise": 4 * n * T, "hist": 4 * n}
 
 
 @dataclass(frozen=True)
@@ -217,10 +220,10 @@ def sampler_estimate(config: Any, parts: Sequence[MemoryEstimate], batch: int, m
         tables = sampler_tables(c, batch)
         sampler = sum(aligned(v) for v in tables.values())
         pinned += sum(v for k, v in tables.items() if k not in DEVICE_ONLY_TABLES)   # the rest have pinned mirrors
-        if noise == "device":
-            n = batch * c.channels * c.image_size ** 2
-            sampler += regions(scratch_sizes(n, draw_rows(n, c.timesteps)))[1]
-            pinned += 2 * STATE_DTYPE.itemsize   # its state, staged up by seed() and down by flags()
+        if noise == "device":   # one generator per image, their draws sharing one scratch
+            n = c.channels * c.image_size ** 2
+            sampler += regions(scratch_sizes(n, draw_rows(n, c.timesteps), batch))[1]
+            pinned += 2 * batch * STATE_DTYPE.itemsize   # the states, staged up by seed() and down by flags()
     else:
         sampler = 0
         pinned += 2 * 4 * batch * c.channels * c.image_size ** 2

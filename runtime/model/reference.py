@@ -207,6 +207,10 @@ class Reference:
         if x.ndim != 4 or x.shape[1:] != (c.channels, c.image_size, c.image_size):
             raise ValueError(f"x must be (B, {c.channels}, {c.image_size}, {c.image_size}), got {x.shape}")
         t = np.broadcast_to(np.asarray(t, dtype=np.int64), (x.shape[0],))
+        if env is None and x.shape[0] > 1:
+            # image by image: an image's eps is then the same bits whatever batch it is in (a matrix
+            # product of another height may sum in another order), as the spec's per-image seeds promise
+            return np.concatenate([self.eps(x[i:i + 1], t[i:i + 1]) for i in range(x.shape[0])])
         env = self.time_env(t) if env is None else env
         env[self.plan.input] = x
         for op in self.plan.ops:

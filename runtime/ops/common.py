@@ -71,7 +71,7 @@ def storage_dtype(precision: str) -> Any:
 class Resolver:
     """Device addresses, supplied by the executor once memory is allocated (interface only)."""
     t_idx: Any = None      # a marker the executor swaps per call
-    step: Any = None       # a marker: final_conv's sampler-step pointers (xs, noise, step), null unless swapped
+    step: Any = None       # a marker: final_conv's sampler-step arguments (xs, noise, step, hist, rows), null unless swapped
     advance: Any = None    # a marker: init_conv's step-advance arguments (kernels/io.cu), null unless swapped
     norm_eps: float = 1e-5
 

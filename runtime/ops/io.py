@@ -110,7 +110,7 @@ def final_spec(op: Op, ctx: Ctx) -> OpSpec:
         x_ptr, ldx = r.tensor(op.x)
         out_ptr, _ = r.tensor(op.out)
         return (P(x_ptr), I(npix), I(cin), I(ldx), P(r.blob(op.out, "w")), P(r.blob(op.out, "bias")),
-                P(out_ptr), I(cout), r.step, P(0), P(0), I(size * size))
+                P(out_ptr), I(cout), r.step, P(0), P(0), P(0), I(0), I(size * size))
 
     return OpSpec(op, key, (cdiv(npix, FINAL_THREADS), 1, 1), (FINAL_THREADS, 1, 1), 4 * cout * cin,
                   blobs, make_args)

@@ -1,24 +1,24 @@
-"""The spec's noise stream drawn on the GPU (kernels/noise.cu): NumPy's
-`Generator(PCG64(seed)).standard_normal(n, dtype=float32)`, bit for bit, one or more rows of n
-normals per draw, enqueued on any stream with no host synchronization.
+"""The spec's noise streams drawn on the GPU (kernels/noise.cu): NumPy's
+`Generator(PCG64(seed)).standard_normal(n, dtype=float32)`, bit for bit, one generator per image,
+one or more rows of n normals per draw, enqueued on any stream with no host synchronization.
 
-    dn = DeviceNoise(backend, n, module, rows=8)   # module: any module of the loader (noise.cu is in all)
-    dn.seed(seed, stream)                      # PCG64(seed)'s state, uploaded
-    dn.draw(out_ptr, stream)                   # n fp32 normals, NCHW as NumPy fills them
-    dn.draw(out_ptr, stream, rows=5)           # the next 5 rows at once (= 5 draws, one set of launches)
+    dn = DeviceNoise(backend, n, module, rows=8, images=B)   # module: any module of the loader
+    dn.seed([s0, .. sB-1], stream)             # PCG64(s_i)'s state for image i, uploaded
+    dn.draw(out_ptr, stream, image=i)          # image i's next n fp32 normals, NCHW as NumPy fills them
+    dn.draw(out_ptr, stream, rows=5, image=i)  # its next 5 rows at once (= 5 draws, one set of launches)
     dn.draw(x_ptr, stream, nhwc=(C, H * W))    # the same stream scattered to NHWC (the executor's x)
     dn.flags(stream)                           # after the work: 0, or NOISE_* bits (redraw on the host)
-    dn.state(stream)                           # the generator's state as NumPy's state dict
+    dn.state(stream, image=i)                  # a generator's state as NumPy's state dict
     DeviceNoise(backend, n, module, graphs=True)   # each distinct draw captured once, then graph launches
 
 Flags: FLAG_AMBIGUOUS, a libm-dependent comparison was too close to call (about one draw in 1e9);
 FLAG_SHORT, a draw needed more words than it drew (never expected). Either makes every later
 draw of that seed wrong too; the caller redraws the whole run on the host. The algorithm, its NumPy
-emulation and the NumPy checks: runtime/gpu/noise_ref.py.
+emulation and the NumPy checks: jetson_unet.ops.noise_ref.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,10 +49,11 @@ def words_cap(normals: int) -> Tuple[int, int]:
     return W, max(64, W // 8)
 
 
-def scratch_sizes(n: int, rows: int) -> dict:
-    """The device scratch of a generator drawing up to `rows` rows of n normals per draw."""
+def scratch_sizes(n: int, rows: int, images: int = 1) -> dict:
+    """The device scratch of `images` generators drawing up to `rows` rows of n normals per draw (in
+    turn: one scratch, one state each)."""
     W, cap = words_cap(rows * n)
-    return {"state": STATE_DTYPE.itemsize, "words": 4 * W, "smask": W // 8, "hmask": W // 8, "spre": W // 8,
+    return {"state": images * STATE_DTYPE.itemsize, "words": 4 * W, "smask": W // 8, "hmask": W // 8, "spre": W // 8,
             "hpre": W // 8, "rp": 4 * cap, "ri": 4 * cap, "rv": 4 * cap}
 
 
@@ -75,33 +76,38 @@ def unpack_state(a: np.ndarray) -> dict:
 
 
 class DeviceNoise:
-    """One generator and its scratch for rows of n normals. Raises NoiseUnsupported (from
+    """`images` generators (one per image: the spec's per-image streams) and one scratch for rows of
+    n normals, which their draws share in turn. Raises NoiseUnsupported (from
     noise_ref.numpy_noise_mode) when this NumPy draws another stream."""
 
     window_log2 = WINDOW_LOG2    # test hook: a wide window flags most draws (exercises the host redraw)
 
-    def __init__(self, backend: Backend, n: int, module: Module, rows: int = 1, graphs: bool = False) -> None:
+    def __init__(self, backend: Backend, n: int, module: Module, rows: int = 1, graphs: bool = False,
+                 images: int = 1) -> None:
         self.mode, self.exact = numpy_noise_mode()
         if not 1 <= n * rows < 1 << 30:
             raise ValueError(f"device noise draws hold 1 .. 2^30 normals, got {rows} rows of {n}")
-        self.backend, self.n, self.rows = backend, int(n), int(rows)
+        self.backend, self.n, self.rows, self.images = backend, int(n), int(rows), int(images)
         self.W, self.cap = words_cap(self.n)         # one row's draw (a test hook: a test may shrink W)
         self.groups = self.W // 32
         self._fn = {k: module.get(k) for k in KERNELS}
-        offs, total = regions(scratch_sizes(self.n, self.rows))   # the largest draw
+        offs, total = regions(scratch_sizes(self.n, self.rows, self.images))   # the largest draw
         self._buf = backend.alloc(total)
         self.nbytes = total
         self.ptr = {k: np.uint64(self._buf.ptr + o) for k, o in offs.items()}
-        self._up = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)     # seed() writes it
-        self._down = backend.pinned((STATE_DTYPE.itemsize,), np.uint8)   # flags() / state() read it
+        self._up = backend.pinned((self.images * STATE_DTYPE.itemsize,), np.uint8)     # seed() writes it
+        self._down = backend.pinned((self.images * STATE_DTYPE.itemsize,), np.uint8)   # flags() / state() read it
         # graphs: a draw's three launches are captured once per (out, layout, rows) and replayed. On
         # an H100, a few plain launches on a second stream leave every later kernel launch of the
         # process ~0.2 us slower; graph launches there do not.
         self._graphs: Optional[dict] = {} if graphs and backend.supports_graphs else None
 
-    def seed(self, seed: int, stream: Any) -> None:
-        """Start PCG64(seed)'s stream (the spec's generator), flags cleared."""
-        self._up[...] = pack_state(np.random.PCG64(seed).state, self.mode, self.window_log2).view(np.uint8)
+    def seed(self, seeds: Sequence[int], stream: Any) -> None:
+        """Start image i's generator on PCG64(seeds[i])'s stream (the spec's), flags cleared."""
+        if len(seeds) != self.images:
+            raise ValueError(f"{len(seeds)} seeds for {self.images} generators")
+        states = [pack_state(np.random.PCG64(s).state, self.mode, self.window_log2) for s in seeds]
+        self._up[...] = np.concatenate(states).view(np.uint8)
         self.backend.h2d(int(self.ptr["state"]), self._up, stream)
 
     def _sizes(self, rows: int) -> Tuple[int, int, int]:
@@ -111,34 +117,39 @@ class DeviceNoise:
         W, cap = words_cap(rows * self.n)
         return W, W // 32, cap
 
-    def draw(self, out_ptr: int, stream: Any, nhwc: Optional[Tuple[int, int]] = None, rows: int = 1) -> None:
-        """Enqueue the next rows * n normals into out (fp32): NCHW, or NHWC when nhwc = (channels,
-        pixels). One draw of k rows is the stream of k draws of one row (the generator's buffered
-        half-word carries over either way) in one set of launches, whose cost is mostly fixed."""
+    def draw(self, out_ptr: int, stream: Any, nhwc: Optional[Tuple[int, int]] = None, rows: int = 1,
+             image: int = 0) -> None:
+        """Enqueue the next rows * n normals of image `image`'s generator into out (fp32): NCHW, or
+        NHWC when nhwc = (channels, pixels). One draw of k rows is the stream of k draws of one row
+        (the generator's buffered half-word carries over either way) in one set of launches, whose
+        cost is mostly fixed."""
         c, hw = nhwc or (0, 0)
         if not 1 <= rows <= self.rows:
             raise ValueError(f"a draw of {rows} rows from a generator sized for 1 .. {self.rows}")
+        if not 0 <= image < self.images:
+            raise ValueError(f"image {image} of {self.images} generators")
         if c and self.n % (c * hw):
             raise ValueError(f"{self.n} normals are not whole images of {c} x {hw}")
         if self._graphs is not None:
-            key = (int(out_ptr), c, hw, rows)
+            key = (int(out_ptr), c, hw, rows, image)
             g = self._graphs.get(key)
             if g is None:
                 self.backend.capture_begin(stream)
-                self._launch(out_ptr, stream, c, hw, rows)
+                self._launch(out_ptr, stream, c, hw, rows, image)
                 g = self._graphs[key] = self.backend.capture_end(stream)
             g.launch(stream)
         else:
-            self._launch(out_ptr, stream, c, hw, rows)
+            self._launch(out_ptr, stream, c, hw, rows, image)
 
-    def _launch(self, out_ptr: int, stream: Any, c: int, hw: int, rows: int) -> None:
+    def _launch(self, out_ptr: int, stream: Any, c: int, hw: int, rows: int, image: int) -> None:
         W, groups, cap = self._sizes(rows)
         p, G = self.ptr, np.int32(groups)
+        state = np.uint64(int(p["state"]) + image * STATE_DTYPE.itemsize)
         out, layout = np.uint64(out_ptr), (np.int32(c), np.int32(hw))
         self._fn["noise_words"].launch((-(-groups // 128), 1, 1), (128, 1, 1),
-                                       (p["state"], p["words"], p["smask"], p["hmask"], G), 0, stream)
+                                       (state, p["words"], p["smask"], p["hmask"], G), 0, stream)
         self._fn["noise_walk"].launch((1, 1, 1), (256, 1, 1),
-                                      (p["state"], p["words"], p["smask"], p["hmask"], p["spre"], p["hpre"], p["rp"],
+                                      (state, p["words"], p["smask"], p["hmask"], p["spre"], p["hpre"], p["rp"],
                                        p["ri"], p["rv"], G, np.int32(cap), np.uint32(W), np.uint32(rows * self.n),
                                        out) + layout, 0, stream)
         self._fn["noise_emit"].launch((-(-groups // 8), 1, 1), (256, 1, 1),
@@ -151,12 +162,13 @@ class DeviceNoise:
         return self._down.view(STATE_DTYPE)
 
     def flags(self, stream: Any) -> int:
-        """NOISE_* bits of every draw since seed() (waits for `stream`); 0: the stream is NumPy's."""
-        return int(self._read(stream)["flags"][0])
+        """NOISE_* bits of every generator's draws since seed() (waits for `stream`); 0: every stream
+        is NumPy's."""
+        return int(np.bitwise_or.reduce(self._read(stream)["flags"]))
 
-    def state(self, stream: Any) -> dict:
-        """The generator's state now, as NumPy's PCG64 state dict (waits for `stream`)."""
-        return unpack_state(self._read(stream))
+    def state(self, stream: Any, image: int = 0) -> dict:
+        """Image `image`'s generator's state now, as NumPy's PCG64 state dict (waits for `stream`)."""
+        return unpack_state(self._read(stream)[image:image + 1])
 
     def close(self) -> None:
         self._graphs = {} if self._graphs is not None else None

@@ -8,7 +8,7 @@ and the compute stream waits for each upload. DeviceFeed: the GPU draws the same
 from __future__ import annotations
 
 import threading
-from typing import Any, List
+from typing import Any, List, Sequence
 
 import numpy as np
 
@@ -25,13 +25,13 @@ class HostFeed:
     """Host noise: x_T uploaded now; the rows drawn by a producer thread and uploaded on the copy
     stream as they come, the compute stream waiting for each upload before the steps that read it."""
 
-    def __init__(self, sampler: Any, seed: int, n_rows: int, s0: Any) -> None:
+    def __init__(self, sampler: Any, seeds: Sequence[int], n_rows: int, s0: Any) -> None:
         be, ex, c = sampler.backend, sampler.executors[0], sampler.config
-        noise = NoiseStream(seed, (sampler.batch, c.channels, c.image_size, c.image_size))
+        noise = NoiseStream(seeds, (sampler.batch, c.channels, c.image_size, c.image_size))
         ex._host_x[...] = nchw_to_nhwc(noise.draw())
         be.h2d(ex.x_ptr, ex._host_x, s0)
         if sampler._host_noise is None:   # pinned rows, only once host noise is used
-            sampler._host_noise = be.pinned((c.timesteps, sampler.batch * sampler.image_elems), np.float32)
+            sampler._host_noise = be.pinned((sampler.batch, c.timesteps, sampler.image_elems), np.float32)
         self.sampler, self.uploaded = sampler, 0
         self.producer = _NoiseProducer(noise, sampler._host_noise, n_rows)
         self.producer.start()
@@ -59,10 +59,11 @@ class DeviceFeed:
     The compute stream waits on a draw's event between graph replays, never inside the captured
     step."""
 
-    def __init__(self, sampler: Any, seed: int, n_rows: int, s0: Any) -> None:
+    def __init__(self, sampler: Any, seeds: Sequence[int], n_rows: int, s0: Any) -> None:
         be, ex, c, dn = sampler.backend, sampler.executors[0], sampler.config, sampler._dnoise
-        dn.seed(seed, sampler.side)
-        dn.draw(ex.x_ptr, sampler.side, nhwc=(c.channels, c.image_size * c.image_size))
+        dn.seed(seeds, sampler.side)
+        for i in range(sampler.batch):   # image i's x_T into its part of the NHWC input
+            dn.draw(ex.x_ptr + 4 * i * sampler.image_elems, sampler.side, nhwc=(c.channels, c.image_size ** 2), image=i)
         ev = be.event(timing=False)
         ev.record(sampler.side)
         be.wait(s0, ev)
@@ -83,10 +84,11 @@ class DeviceFeed:
 
     def _draw(self, upto: int) -> None:
         s = self.sampler
-        be, row_bytes, drawn = s.backend, 4 * s.batch * s.image_elems, len(self.events)
+        be, row_bytes, T, drawn = s.backend, 4 * s.image_elems, s.config.timesteps, len(self.events)
         while drawn < min(self.n_rows, upto):
             k = min(max(1, drawn), s._dnoise.rows, self.n_rows - drawn)
-            s._dnoise.draw(s._off["noise"] + row_bytes * drawn, s.side, rows=k)
+            for i in range(s.batch):   # image i's rows [drawn, drawn + k) of [B][T][C*H*W]
+                s._dnoise.draw(s._off["noise"] + row_bytes * (i * T + drawn), s.side, rows=k, image=i)
             ev = be.event(timing=False)
             ev.record(s.side)
             self.events += [ev] * k
@@ -97,7 +99,7 @@ class DeviceFeed:
 
 
 class _NoiseProducer(threading.Thread):
-    """Draws the noisy steps' z in the spec's order straight into pinned rows (NCHW: no transpose or
+    """Draws the noisy steps' z in the spec's order straight into pinned rows ([B][T][CHW]: no transpose or
     copy on the host), NOISE_CHUNK rows at a time, ahead of the GPU: NumPy's generator releases the
     GIL while it fills an array, so drawing overlaps the host's launching and the GPU's work."""
 
@@ -112,7 +114,7 @@ class _NoiseProducer(threading.Thread):
             for r in range(self.n_rows):
                 if self._stop_flag:
                     return
-                self.noise.draw(out=self.host[r].reshape(self.noise.shape))   # NCHW, as final_conv's step reads it
+                self.noise.draw(out=self.host[:, r])   # image i's row r at host[i, r], as final_conv reads it
                 if (r + 1) % NOISE_CHUNK == 0 or r + 1 == self.n_rows:
                     with self._cond:
                         self.ready = r + 1

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 import numpy as np
 
 from jetson_unet.errors import NoiseUnsupported, RuntimeErrorBase, UsageError
-from jetson_unet.model.schedule import NoiseStream, Step, p_sample
+from jetson_unet.model.schedule import NoiseStream, Seeds, Step, as_seeds, p_sample
 from jetson_unet.trace import Timeline
 from jetson_unet.executor import memory
 from jetson_unet.backends.base import Backend
@@ -159,9 +159,10 @@ class GpuSampler:
             self._prepare_gpu()
         self.wait_weights()
 
-    def run(self, steps: Sequence[Step], seed: int, callback: Optional[Callback] = None,
+    def run(self, steps: Sequence[Step], seeds: Seeds, callback: Optional[Callback] = None,
             timeline: Optional[Timeline] = None) -> np.ndarray:
-        """x_0 as float32 (B, C, H, W)."""
+        """x_0 as float32 (B, C, H, W); image i from the noise stream of seeds[i] (one seed s: s + i)."""
+        seeds = as_seeds(seeds, self.batch)
         if not self.executors:
             raise UsageError("this GpuSampler is closed")
         tl = timeline or Timeline(self.backend, enabled=False)
@@ -169,8 +170,8 @@ class GpuSampler:
         try:
             with nvtx(self.backend, f"sampling {self.mode} b{self.batch} {len(steps)} steps"):
                 if self.mode == "cpu":
-                    return self._run_cpu(list(steps), seed, callback, tl)
-                return self._run_gpu(list(steps), seed, callback, tl)
+                    return self._run_cpu(list(steps), seeds, callback, tl)
+                return self._run_gpu(list(steps), seeds, callback, tl)
         except BaseException:
             for s in self.streams:   # leave no work in flight on buffers we may free
                 try:
@@ -180,11 +181,12 @@ class GpuSampler:
             raise
 
     # ---- cpu mode -------------------------------------------------------------------------------------
-    def _run_cpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline) -> np.ndarray:
+    def _run_cpu(self, steps: List[Step], seeds: List[int], cb: Optional[Callback], tl: Timeline) -> np.ndarray:
         be, exs = self.backend, self.executors
         c = self.config
-        noise = NoiseStream(seed, (self.batch, c.channels, c.image_size, c.image_size))
+        noise = NoiseStream(seeds, (self.batch, c.channels, c.image_size, c.image_size))
         xs = np.array_split(noise.draw(), len(exs))
+        hs: List[Optional[np.ndarray]] = [None] * len(exs)   # the multistep history of each half
         cut = np.cumsum([ex.batch for ex in exs])[:-1]
         pin_x = [be.pinned((ex.batch, c.image_size, c.image_size, c.channels), np.float32) for ex in exs]
         pin_e = [be.pinned(p.shape, np.float32) for p in pin_x]
@@ -218,7 +220,7 @@ class GpuSampler:
                 self._sync(ev_down[h], s)
                 t0 = time.perf_counter()
                 with nvtx(be, f"p_sample {s}.{h}"):
-                    xs[h] = p_sample(xs[h], pin_e[h].transpose(0, 3, 1, 2), st, zs[h])
+                    xs[h], hs[h] = p_sample(xs[h], pin_e[h].transpose(0, 3, 1, 2), st, zs[h], hs[h])
                 tl.cpu_span(f"p_sample {s}.{h}", t0, time.perf_counter())
                 if s + 1 < len(steps):
                     launch(h, s + 1)
@@ -236,10 +238,13 @@ class GpuSampler:
         self._tables = be.alloc(total)
         o = self._off = {k: self._tables.ptr + off for k, off in offs.items()}
         # n_steps = T, not a run's step count: the graph serves every run
-        self._step = StepTables(o["noise"], o["cur"], o["counter"], o["t_of_step"], o["coef"], o["noise_row"], T)
-        if self.noise == "device":
+        self._step = StepTables(o["noise"], o["cur"], o["counter"], o["t_of_step"], o["coef"], o["noise_row"], T,
+                                o["hist"], T)
+        if self.noise == "device":   # one generator per image (the spec's streams), one shared scratch
+            n_img = self.image_elems
             try:
-                self._dnoise = DeviceNoise(be, n, ex.kernels.module, rows=draw_rows(n, T), graphs=self.graphs)
+                self._dnoise = DeviceNoise(be, n_img, ex.kernels.module, rows=draw_rows(n_img, T), graphs=self.graphs,
+                                           images=self.batch)
             except NoiseUnsupported as e:
                 log.info("%s; drawing the noise on the host", e)
                 self.noise = "host"
@@ -248,8 +253,8 @@ class GpuSampler:
                     log.warning("this NumPy's log1pf is neither glibc's nor correctly rounded: device noise "
                                 "values beyond |z| = 3.65 (~1e-5 of them) may differ from NumPy's by 1 ulp")
         if self.noise == "host":   # device noise needs them only to redraw a flagged run (HostFeed)
-            self._host_noise = be.pinned((T, n), np.float32)
-        self._host_tab = {"coef": be.pinned((T, 3), np.float32), "noise_row": be.pinned((T,), np.int32),
+            self._host_noise = be.pinned((self.batch, T, self.image_elems), np.float32)
+        self._host_tab = {"coef": be.pinned((T, memory.STEP_COEFS), np.float32), "noise_row": be.pinned((T,), np.int32),
                           "t_of_step": be.pinned((T,), np.int32), "counter": be.pinned((1,), np.int32)}
         self._tables_for: Optional[list] = None   # the steps whose tables are on the device
         self._done = [be.event(timing=False) for _ in range(2)]
@@ -263,7 +268,7 @@ class GpuSampler:
         ex.run(stream, step=self._step)
         self._graph = self.backend.capture_end(stream)
 
-    def _run_gpu(self, steps: List[Step], seed: int, cb: Optional[Callback], tl: Timeline,
+    def _run_gpu(self, steps: List[Step], seeds: List[int], cb: Optional[Callback], tl: Timeline,
                  noise: Optional[str] = None) -> np.ndarray:
         if self._tables is None:
             self._prepare_gpu()
@@ -271,9 +276,9 @@ class GpuSampler:
         source = noise or self.noise
         tab = self._host_tab
         rows = np.cumsum([st.sigma > 0 for st in steps]) - 1
-        key = [(st.t, st.c_x, st.c_eps, st.sigma) for st in steps]
+        key = [(st.t, st.c_x, st.c_eps, st.sigma, st.c_h, st.d_x, st.d_eps) for st in steps]
         if key != self._tables_for:   # the last run's step tables stay valid on the device for the same steps
-            tab["coef"][:len(steps)] = [(st.c_x, st.c_eps, st.sigma) for st in steps]
+            tab["coef"][:len(steps)] = [k[1:] for k in key]
             tab["noise_row"][:len(steps)] = [r if st.sigma > 0 else -1 for r, st in zip(rows, steps)]
             tab["t_of_step"][:len(steps)] = [st.t for st in steps]
             for k in ("coef", "noise_row", "t_of_step"):
@@ -283,7 +288,7 @@ class GpuSampler:
         be.h2d(self._off["counter"], tab["counter"], s0)
         done = self._done   # step s records done[s % 2]; the host waits for step s - 1 after enqueuing s
         n_rows = int(rows[-1]) + 1 if len(rows) else 0
-        feed = (DeviceFeed if source == "device" else HostFeed)(self, seed, n_rows, s0)   # x_T goes in first
+        feed = (DeviceFeed if source == "device" else HostFeed)(self, seeds, n_rows, s0)   # x_T goes in first
         try:
             for s, st in enumerate(steps):
                 feed.before_step(int(rows[s]) + 1 if st.sigma > 0 else 0, s0)
@@ -310,8 +315,8 @@ class GpuSampler:
             flags = self._dnoise.flags(self.side)
             if flags:   # this seed's stream is not certain past the flagged draw: all of it again, on the host
                 why = "a libm-dependent comparison too close to call" if flags & FLAG_AMBIGUOUS else "a draw ran short"
-                log.warning("device noise flagged %s; sampling seed %d again with host noise", why, seed)
-                return self._run_gpu(steps, seed, cb, tl, noise="host")
+                log.warning("device noise flagged %s; sampling seeds %s again with host noise", why, seeds)
+                return self._run_gpu(steps, seeds, cb, tl, noise="host")
         if cb is not None:
             cb(len(steps) - 1, len(steps))
         pin_x = ex._host_x
@@ -320,9 +325,10 @@ class GpuSampler:
         return np.ascontiguousarray(pin_x.transpose(0, 3, 1, 2)).copy()
 
     def _upload_rows(self, first: int, last: int, s0: Any) -> None:
-        """Noise rows [first, last) to the device on the copy stream; s0 waits for them."""
-        n = self.batch * self.image_elems
-        self.backend.h2d(self._off["noise"] + 4 * n * first, self._host_noise[first:last], self.copy)
+        """Noise rows [first, last) of every image to the device on the copy stream; s0 waits for them."""
+        n, T = self.image_elems, self.config.timesteps
+        for i in range(self.batch):   # [B][T][C*H*W]: one contiguous piece per image
+            self.backend.h2d(self._off["noise"] + 4 * n * (i * T + first), self._host_noise[i, first:last], self.copy)
         ev = self.backend.event(timing=False)
         ev.record(self.copy)
         self.backend.wait(s0, ev)

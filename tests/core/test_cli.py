@@ -12,7 +12,7 @@ from PIL import Image
 
 from jetson_unet import cli
 from jetson_unet.model.config import Schedule, UNetConfig
-from jetson_unet.errors import Cancelled
+from jetson_unet.errors import Cancelled, UsageError
 from jetson_unet.pipeline import Pipeline
 from jetson_unet.model.weights import random_params, save_weights
 
@@ -68,7 +68,7 @@ def test_ddim_and_callback_cancel(tiny_weights):
         img = pipe.sample(batch=1, steps=4, sampler="ddim", seed=1)
         assert img.shape == (1, 16, 16, 3)
         with pytest.raises(Cancelled):
-            pipe.sample(batch=1, seed=1, callback=cb)
+            pipe.sample(batch=1, seed=1, sampler="ddpm", callback=cb)
     assert seen == [(0, 10), (1, 10), (2, 10)]
 
 
@@ -77,8 +77,27 @@ def test_ddim_and_callback_cancel(tiny_weights):
     (["--out", "x.jpg"], "must end in .png"),
     (["--out", "/nonexistent-dir/x.png"], "does not exist"),
     (["--sampler", "euler"], "invalid choice"),
-    (["--steps", "5"], "DDPM runs all 10 steps"),
+    (["--sampler", "dpmpp_2m"], "invalid choice"),
+    (["--sampler", "ddpm", "--steps", "5"], "DDPM runs all 10 steps"),
     (["--sampler", "ddim", "--steps", "99"], "DDIM steps must be in 1..10"),
+    (["--sampler", "ddim", "--steps", "11"], "DDIM steps must be in 1..10"),
+    (["--sampler", "dpmpp-2m", "--steps", "11"], "dpmpp-2m steps must be in 2..10"),
+    (["--steps", "99"], "dpmpp-2m steps must be in 2..10"),   # the default sampler
+    (["--sampler", "dpmpp-2m", "--steps", "1"], "dpmpp-2m steps must be in 2..10"),
+    (["--sampler", "dpmpp-2m", "--steps", "0"], "dpmpp-2m steps must be in 2..10"),
+    (["--sampler", "dpmpp-2m", "--eta", "0.5"], "eta goes with --sampler ddim"),
+    (["--eta", "1"], "eta goes with --sampler ddim"),
+    (["--sampler", "ddpm", "--eta", "1"], "eta goes with --sampler ddim"),
+    (["--sampler", "ddim", "--eta", "nan"], "eta must be a finite number >= 0"),
+    (["--sampler", "ddim", "--eta", "inf"], "eta must be a finite number >= 0"),
+    (["--sampler", "ddim", "--eta", "-0.5"], "eta must be a finite number >= 0"),
+    (["--seed", "-1"], "seeds are integers 0 <= s < 2**63"),
+    (["--seed", str(2 ** 63)], "seeds are integers 0 <= s < 2**63"),
+    (["--seed", str(2 ** 63 - 1), "--batch", "2"], "seeds are integers 0 <= s < 2**63"),   # image 1: 2**63
+    (["--seeds", "1", "2", "--batch", "3"], "2 seeds for a batch of 3"),
+    (["--seeds", "1", "2", "3", "--batch", "1"], "3 seeds for a batch of 1"),
+    (["--seeds", "4", "-1"], "seeds are integers 0 <= s < 2**63"),
+    (["--seeds", "4", str(2 ** 63)], "seeds are integers 0 <= s < 2**63"),
     (["--backend", "numpy", "--precision", "fp16"], "numpy backend computes in fp32 or fp64"),
     (["--noise", "device", "--mode", "cpu"], "device noise goes with a GPU backend in gpu mode"),
     (["--noise", "device", "--backend", "numpy"], "device noise goes with a GPU backend in gpu mode"),
@@ -93,6 +112,44 @@ def test_usage_errors_exit_2_one_line(tiny_weights, tmp_path, args, needle):
     assert not (tmp_path / "o.png").exists()
 
 
+def test_pipeline_seeds_and_batch_must_agree(tiny_weights):
+    with Pipeline(tiny_weights, backend="numpy") as pipe:
+        for kw in (dict(seeds=[1, 2], batch=3), dict(seeds=[1, 2], batch=1), dict(seeds=[]),
+                   dict(seeds=[-1]), dict(seeds=[2 ** 63]), dict(seed=-1), dict(seed=2 ** 63),
+                   dict(seed=2 ** 63 - 1, batch=2), dict(batch=0), dict(sampler="euler"),
+                   dict(sampler="dpmpp-2m", steps=1), dict(sampler="dpmpp-2m", steps=11),
+                   dict(sampler="ddim", steps=11), dict(sampler="ddpm", steps=5),
+                   dict(sampler="dpmpp-2m", eta=0.5), dict(sampler="ddim", eta=float("nan"))):
+            with pytest.raises(UsageError):
+                pipe.sample(**kw)
+
+
+def _pngs(folder):
+    return [np.asarray(Image.open(p)) for p in sorted(folder.iterdir())]
+
+
+def test_cli_seed_batch_equals_seed_list(tiny_weights, tmp_path):
+    """--seed 5 --batch 4 draws images 5, 6, 7, 8: the same PNG pixels as --seeds 5 6 7 8, and image 2
+    is --seeds 7 alone (DDPM: noise at every step, so each image's own stream matters)."""
+    runs = {"seed": ["--seed", "5", "--batch", "4"], "seeds": ["--seeds", "5", "6", "7", "8"],
+            "seeds-batch": ["--seeds", "5", "6", "7", "8", "--batch", "4"], "one": ["--seeds", "7"]}
+    got = {}
+    for name, args in runs.items():
+        each = tmp_path / name
+        each.mkdir()
+        rc = cli.main(["--weights", tiny_weights, "--out", str(tmp_path / f"{name}.png"), "--backend", "numpy",
+                       "--sampler", "ddpm", "--save-each", str(each), "--quiet", *args])
+        assert rc == 0
+        got[name] = _pngs(each)
+    assert len(got["seed"]) == 4 and len(got["one"]) == 1
+    for name in ("seeds", "seeds-batch"):
+        assert all(np.array_equal(a, b) for a, b in zip(got["seed"], got[name])) and len(got[name]) == 4, name
+    np.testing.assert_array_equal(got["one"][0], got["seed"][2])
+    assert not np.array_equal(got["seed"][0], got["seed"][1]), "two seeds, two images"
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "seed.png")),
+                                  np.asarray(Image.open(tmp_path / "seeds.png")))
+
+
 def test_bad_weights_file_exit_2_names_file(tmp_path):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip at all")
@@ -104,9 +161,10 @@ def test_bad_weights_file_exit_2_names_file(tmp_path):
 def test_help_shows_every_default():
     r = run_cli("--help")
     assert r.returncode == 0
-    for flag in ("--weights", "--out", "--batch", "--steps", "--sampler", "--eta", "--seed", "--backend", "--precision",
-                 "--noise"):
+    for flag in ("--weights", "--out", "--batch", "--steps", "--sampler", "--eta", "--seed", "--seeds", "--backend",
+                 "--precision", "--noise"):
         assert flag in r.stdout
+    assert "dpmpp-2m" in r.stdout and "(default: dpmpp-2m)" in " ".join(r.stdout.split())
     assert r.stdout.count("(default:") >= 10
 
 

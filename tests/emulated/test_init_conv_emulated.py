@@ -113,8 +113,9 @@ def launch(lib, key, tiles, batch, threads, args):
 @pytest.mark.parametrize("case", [CASES[1], CASES[4]], ids=["init", "init_tc"])
 def test_init_conv_advances_the_sampler_step_once_per_launch(lib, case):
     """With the step tables (GpuExecutor.run(step=)): each launch moves the counter on by one, sets
-    every sample's timestep to the step's and hands the step's coefficients and noise row to cur,
-    the conv's outputs as in a plain call; past the last step only the counter moves."""
+    every sample's timestep to the step's and hands the step's six coefficients and noise row to cur
+    (two float4: c_x, c_eps, sigma, row bits; c_h, d_x, d_eps, 0), the conv's outputs as in a plain
+    call; past the last step only the counter moves."""
     name, dt, kind, var, cin, h, w, cout, ldo, o0, b = case
     rng = np.random.default_rng(8)
     x = rng.standard_normal((b, h, w, cin)).astype(np.float32)
@@ -129,9 +130,9 @@ def test_init_conv_advances_the_sampler_step_once_per_launch(lib, case):
     bp = rng.standard_normal(coutp).astype(np.float32)
     n_steps = 3
     t_of_step = np.array([90, 45, 7], np.int32)
-    coef = rng.standard_normal((n_steps, 3)).astype(np.float32)
+    coef = rng.standard_normal((n_steps, 6)).astype(np.float32)   # memory.STEP_COEFS per step
     noise_row = np.array([0, 1, -1], np.int32)
-    counter, t_idx, cur = np.array([-1], np.int32), np.full(b, -5, np.int32), np.full(4, np.nan, np.float32)
+    counter, t_idx, cur = np.array([-1], np.int32), np.full(b, -5, np.int32), np.full(8, np.nan, np.float32)
     P = lambda a: ctypes.c_void_p(a.ctypes.data)   # noqa: E731
     outs = []
     for s in range(n_steps + 1):
@@ -143,8 +144,10 @@ def test_init_conv_advances_the_sampler_step_once_per_launch(lib, case):
         assert counter[0] == s, f"step {s}: counter {counter[0]} (the advance ran {counter[0] + 1 - s} extra times)"
         k = min(s, n_steps - 1)   # past the last step: t_idx and cur stay
         assert (t_idx == t_of_step[k]).all(), (s, t_idx)
-        np.testing.assert_array_equal(cur[:3], coef[k])
-        assert cur[3:].view(np.int32)[0] == noise_row[k]
+        np.testing.assert_array_equal(cur[:3], coef[k, :3])
+        assert cur[3:4].view(np.int32)[0] == noise_row[k]
+        np.testing.assert_array_equal(cur[4:7], coef[k, 3:])
+        assert cur[7] == 0.0
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
     assert not np.isnan(outs[0][..., o0:o0 + cout]).any()

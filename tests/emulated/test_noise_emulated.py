@@ -1,7 +1,8 @@
 """kernels/noise.cu run on the CPU by tests/emu/simt.h (g++, one std::thread per CUDA thread) under the
 real host driver, jetson_unet.ops.noise.DeviceNoise, through a backend whose memory is host memory and
 whose kernels are the emulated ones: the draws must equal NumPy's standard_normal(float32) bit for
-bit, the state after them NumPy's, in both output layouts; the ambiguity hook and a draw that runs
+bit, the state after them NumPy's, in both output layouts, one generator per image (the spec's
+per-image streams) sharing one scratch; the ambiguity hook and a draw that runs
 out of words must raise the flags. The kernel's log1pf is checked against this libm's log1pf on all
 2^24 inputs the tail can take. Last, GpuSampler's device noise end to end over the same emulated
 kernels (the U-Net's launches are no-ops). No GPU needed; skipped without g++."""
@@ -123,8 +124,8 @@ def bits_equal(got: np.ndarray, want: np.ndarray, label: str) -> None:
 def noise(lib):
     made = []
 
-    def make(n: int, rows: int = 1) -> DeviceNoise:
-        dn = DeviceNoise(EmuBackend(), n, EmuModule(lib), rows=rows)
+    def make(n: int, rows: int = 1, images: int = 1) -> DeviceNoise:
+        dn = DeviceNoise(EmuBackend(), n, EmuModule(lib), rows=rows, images=images)
         made.append(dn)
         return dn
     yield make
@@ -136,7 +137,7 @@ def noise(lib):
 def test_draws_equal_numpy_and_leave_its_state(noise, n, seeds):
     dn, s = noise(n), Stream()
     for seed in seeds:
-        dn.seed(seed, s)
+        dn.seed([seed], s)
         rng = np.random.Generator(np.random.PCG64(seed))
         for k in range(3):                         # consecutive rows carry NumPy's buffered half-word
             out = out_buffer(n)
@@ -152,7 +153,7 @@ def test_a_draw_of_several_rows_is_the_stream_of_single_rows(noise, n):
     row are, with the buffered half-word carried into and out of the chunk."""
     dn, s = noise(n, rows=5), Stream()
     for seed in (0, 5):
-        dn.seed(seed, s)
+        dn.seed([seed], s)
         rng = np.random.Generator(np.random.PCG64(seed))
         for k in (1, 5, 2, 3):
             out = out_buffer(k * n)
@@ -167,17 +168,52 @@ def test_a_draw_of_several_rows_is_the_stream_of_single_rows(noise, n):
 def test_nhwc_layout_is_the_nchw_stream_transposed(noise):
     b, c, hw = 2, 3, 25
     dn, s = noise(b * c * hw), Stream()
-    dn.seed(3, s)
+    dn.seed([3], s)
     out = out_buffer(b * c * hw)
     dn.draw(out.ctypes.data, s, nhwc=(c, hw))
     want = np.random.Generator(np.random.PCG64(3)).standard_normal((b, c, hw), dtype=np.float32)
     bits_equal(out, np.ascontiguousarray(want.transpose(0, 2, 1)).reshape(-1), "nhwc")
 
 
+@pytest.mark.parametrize("n", [37, 768])
+def test_one_generator_per_image(noise, n):
+    """images=3: image i's draws are PCG64(seeds[i])'s stream whatever the others draw in between
+    (the generators share one scratch), its state is its own, and a reseed starts every one again."""
+    dn, s = noise(n, rows=3, images=3), Stream()
+    for seeds in ([9, 5, 2 ** 63 - 1], [5, 5, 0]):
+        dn.seed(seeds, s)
+        rngs = [np.random.Generator(np.random.PCG64(k)) for k in seeds]
+        for image, rows in ((0, 1), (2, 3), (1, 1), (0, 2), (1, 3), (2, 1), (1, 1)):
+            out = out_buffer(rows * n)
+            dn.draw(out.ctypes.data, s, rows=rows, image=image)
+            bits_equal(out, rngs[image].standard_normal(rows * n, dtype=np.float32),
+                       f"seeds {seeds} image {image} rows {rows}")
+        for i, g in enumerate(rngs):
+            assert dn.state(s, image=i) == g.bit_generator.state, f"seeds {seeds} image {i}: state"
+        assert dn.flags(s) == 0
+    with pytest.raises(ValueError):
+        dn.seed([1, 2], s)
+    with pytest.raises(ValueError):
+        dn.draw(out.ctypes.data, s, image=3)
+
+
+def test_per_image_nhwc_x_t_into_its_part_of_the_batch(noise):
+    """The sampler's x_T: image i drawn by its own generator, NHWC, into x + i * C*H*W."""
+    b, c, hw = 3, 3, 25
+    dn, s = noise(c * hw, images=b), Stream()
+    dn.seed([4, 8, 1], s)
+    out = out_buffer(b * c * hw)
+    for i in range(b):
+        dn.draw(out.ctypes.data + 4 * i * c * hw, s, nhwc=(c, hw), image=i)
+    want = np.stack([np.random.Generator(np.random.PCG64(k)).standard_normal((c, hw), dtype=np.float32)
+                     for k in (4, 8, 1)])
+    bits_equal(out, np.ascontiguousarray(want.transpose(0, 2, 1)).reshape(-1), "per-image nhwc")
+
+
 def test_wide_ambiguity_window_raises_the_flag(noise, monkeypatch):
     monkeypatch.setattr(DeviceNoise, "window_log2", 45)   # 2^45 ulps: every wedge test is "too close"
     dn, s = noise(4000), Stream()
-    dn.seed(1, s)
+    dn.seed([1], s)
     out = out_buffer(4000)
     dn.draw(out.ctypes.data, s)
     assert dn.flags(s) & FLAG_AMBIGUOUS
@@ -187,7 +223,7 @@ def test_a_draw_that_runs_out_of_words_raises_the_flag(noise):
     dn, s = noise(12288), Stream()
     dn.W = dn.groups * 32 - 32 * 20          # fewer words than 12288 normals need (~270 holes)
     dn.groups = dn.W // 32
-    dn.seed(0, s)
+    dn.seed([0], s)
     out = out_buffer(12288)
     dn.draw(out.ctypes.data, s)
     assert dn.flags(s) & FLAG_SHORT
@@ -281,8 +317,9 @@ class NoOp:
 @pytest.mark.parametrize("window", [noise_ref.WINDOW_LOG2, 45], ids=["exact", "flagged"])
 def test_sampler_device_noise_feeds_the_spec_stream(lib, monkeypatch, window, notes):
     """gpu mode with noise="device" end to end on the emulated kernels: x_T lands in the executor's
-    NHWC input and each noisy step's row in the sampler's row buffer, both the spec's stream; a
-    flagged run (the ambiguity hook) is redrawn on the host into the same buffers."""
+    NHWC input and each noisy step's row in the sampler's row buffer (image-major, [B][T][CHW]), both
+    each image's own stream of the spec; a flagged run (the ambiguity hook) is redrawn on the host
+    into the same buffers."""
     from jetson_unet.model.config import Schedule, UNetConfig
     from jetson_unet.build.loader import KernelSet
     from jetson_unet.sampling.gpu import GpuSampler
@@ -298,13 +335,15 @@ def test_sampler_device_noise_feeds_the_spec_stream(lib, monkeypatch, window, no
     monkeypatch.setattr(DeviceNoise, "window_log2", window)
     s = GpuSampler(Wt(), "fp32", 2, mode="gpu", graphs=False, backend=SamplerBackend(lib), noise="device")
     steps = make_steps(cfg.schedule, "ddpm")
-    x = s.run(steps, seed=4)                  # the no-op steps leave x_T in place
-    ref = NoiseStream(4, (2, 3, 16, 16))
+    x = s.run(steps, seeds=[4, 9])             # the no-op steps leave x_T in place
+    ref = NoiseStream([4, 9], (2, 3, 16, 16))
     bits_equal(x.reshape(-1), ref.draw().reshape(-1), "x_T")
-    n, noisy = x.size, sum(st.sigma > 0 for st in steps)
-    rows = np.empty((noisy, n), np.float32)
+    n, noisy, T = x[0].size, sum(st.sigma > 0 for st in steps), cfg.timesteps
+    rows = np.empty((2, T, n), np.float32)   # image-major
     ctypes.memmove(rows.ctypes.data, s._off["noise"], rows.nbytes)
     for r in range(noisy):
-        bits_equal(rows[r], ref.draw().reshape(-1), f"row {r}")
+        want = ref.draw()
+        for i in range(2):
+            bits_equal(rows[i, r], want[i].reshape(-1), f"image {i} row {r}")
     assert sum("again with host noise" in n for n in notes) == (window > noise_ref.WINDOW_LOG2)
     s.close()

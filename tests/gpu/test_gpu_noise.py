@@ -1,8 +1,9 @@
 """Device noise (kernels/noise.cu through jetson_unet.ops.noise.DeviceNoise) on the GPU against NumPy's
 standard_normal(float32): rows bit for bit at batch 1 and 16 sizes for several seeds, 100
 consecutive rows, NaN-poisoned outputs, NHWC, the generator state after them, flags clear, draws
-replayed as CUDA graphs; the ambiguity hook raises the flag; the sampler's device noise gives the
-host noise's images, also when a flagged run is redrawn on the host."""
+replayed as CUDA graphs; one generator per image (the spec's per-image streams) sharing one
+scratch; the ambiguity hook raises the flag; the sampler's device noise gives the host noise's
+images, also when a flagged run is redrawn on the host."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +31,7 @@ def device_rows(backend, module, n, seed, rows, nhwc=None, timing=False):
     host = backend.pinned((rows, n), np.float32)
     host[...] = np.nan
     backend.h2d(buf.ptr, host, s)
-    dn.seed(seed, s)
+    dn.seed([seed], s)
     e0, e1 = backend.event(), backend.event()
     e0.record(s)
     for r in range(rows):
@@ -106,7 +107,7 @@ def test_graph_draws_replay_the_stream(backend, module):
         for seed in (4, 9):
             host[...] = np.nan
             backend.h2d(buf.ptr, host, s)
-            dn.seed(seed, s)
+            dn.seed([seed], s)
             dn.draw(buf.ptr, s)
             dn.draw(buf.ptr + 4 * n, s, rows=2)
             backend.d2h(host, buf.ptr, s)
@@ -115,6 +116,44 @@ def test_graph_draws_replay_the_stream(backend, module):
             assert_bits(np.array(host).reshape(-1), want, f"seed {seed}")
             assert flags == 0
         assert len(dn._graphs) == 2
+    finally:
+        dn.close()
+        buf.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+def test_one_generator_per_image(backend, module, graphs):
+    """images=4: image i's draws are PCG64(seeds[i])'s stream whatever the others draw in between
+    (one scratch, one state each), x_T per image in NHWC, its state its own, and a reseed restarts
+    every image (graph replays included)."""
+    B = 4
+    dn, s = DeviceNoise(backend, IMAGE, module, rows=3, graphs=graphs, images=B), backend.stream()
+    buf = backend.alloc(4 * IMAGE * 4)
+    host = backend.pinned((4, IMAGE), np.float32)
+    try:
+        for seeds in ([5, 6, 7, 8], [8, 0, 2 ** 63 - 1, 8]):
+            dn.seed(seeds, s)
+            gens = [np.random.Generator(np.random.PCG64(k)) for k in seeds]
+            for i in range(B):   # x_T, NHWC per image
+                host[...] = np.nan
+                backend.h2d(buf.ptr, host, s)
+                dn.draw(buf.ptr, s, nhwc=(3, 64 * 64), image=i)
+                backend.d2h(host, buf.ptr, s)
+                s.synchronize()
+                want = gens[i].standard_normal((3, 64 * 64), dtype=np.float32).T.reshape(-1)
+                assert_bits(np.array(host[0]), np.ascontiguousarray(want), f"seeds {seeds} x_T of image {i}")
+            for image, rows in ((3, 1), (0, 3), (2, 2), (3, 3), (1, 1)):
+                host[...] = np.nan
+                backend.h2d(buf.ptr, host, s)
+                dn.draw(buf.ptr, s, rows=rows, image=image)
+                backend.d2h(host, buf.ptr, s)
+                s.synchronize()
+                want = gens[image].standard_normal(rows * IMAGE, dtype=np.float32)
+                assert_bits(np.array(host[:rows]).reshape(-1), want, f"seeds {seeds} image {image} rows {rows}")
+            for i, g in enumerate(gens):
+                assert dn.state(s, image=i) == g.bit_generator.state, f"seeds {seeds} image {i}: state"
+            assert dn.flags(s) == 0
     finally:
         dn.close()
         buf.free()
@@ -130,14 +169,15 @@ def test_ambiguity_hook_raises_the_flag(backend, module, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("batch", [2, 3])
-def test_sampler_device_noise_gives_the_host_noise_images(backend, weights, graphs, batch):
-    steps = make_steps(weights.config.schedule, "ddpm")
+@pytest.mark.parametrize("sampler,n_steps", [("ddpm", None), ("dpmpp-2m", 10)])
+def test_sampler_device_noise_gives_the_host_noise_images(backend, weights, graphs, batch, sampler, n_steps):
+    steps = make_steps(weights.config.schedule, sampler, n_steps)
     out = {}
     for noise in ("host", "device"):
         s = GpuSampler(weights, "fp16", batch, mode="gpu", graphs=graphs, backend=backend, noise=noise)
         try:
-            out[noise] = s.run(steps, seed=5)
-            out[noise + "2"] = s.run(steps, seed=6)   # a second run reseeds
+            out[noise] = s.run(steps, seeds=5)
+            out[noise + "2"] = s.run(steps, seeds=list(range(batch, 0, -1)))   # a second run reseeds
         finally:
             s.close()
     assert np.array_equal(out["device"], out["host"]) and np.array_equal(out["device2"], out["host2"])
@@ -148,14 +188,14 @@ def test_flagged_run_is_redrawn_on_the_host(backend, weights, monkeypatch):
     steps = make_steps(weights.config.schedule, "ddim", 5, eta=1.0)
     host = GpuSampler(weights, "fp16", 2, mode="gpu", backend=backend)
     try:
-        want = host.run(steps, seed=9)
+        want = host.run(steps, seeds=9)
     finally:
         host.close()
     monkeypatch.setattr(DeviceNoise, "window_log2", 45)
     s = GpuSampler(weights, "fp16", 2, mode="gpu", backend=backend, noise="device")
     try:
         with logs.captured() as notes:
-            got = s.run(steps, seed=9)
+            got = s.run(steps, seeds=9)
     finally:
         s.close()
     assert len(notes) == 1 and "again with host noise" in notes[0]

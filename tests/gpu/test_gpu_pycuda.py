@@ -176,10 +176,10 @@ def test_pycuda_worker_threads(backend, case):
 def test_pycuda_sampling_matches_reference_loop(backend, weights, mode):
     steps = make_steps(weights.config.schedule, "ddim", 6, eta=1.0)
     shape = (3, 3, weights.config.image_size, weights.config.image_size)
-    want = sample_loop(Reference(weights, np.float32).eps, shape, steps, seed=11)
+    want = sample_loop(Reference(weights, np.float32).eps, shape, steps, seeds=11)
     s = GpuSampler(weights, "fp32", 3, mode=mode, graphs=False, backend=backend)
     try:
-        got = s.run(steps, seed=11)
+        got = s.run(steps, seeds=11)
     finally:
         s.close()
     err = rel(got, want)
@@ -201,7 +201,7 @@ def test_pycuda_equals_cupy_in_one_process(backend, cupy_backend, weights, mode)
                 samplers[be.name] = GpuSampler(weights, "fp16", 2, mode=mode, graphs=False, backend=be)
         for again in ("", " again"):
             for name, s in samplers.items():
-                out[name + again] = s.run(steps, seed=7)
+                out[name + again] = s.run(steps, seeds=7)
     finally:
         for s in samplers.values():
             s.close()

@@ -1,4 +1,6 @@
-"""The GPU sampling pipeline: cpu and gpu modes against the reference loop, graphs, cancel, threads."""
+"""The GPU sampling pipeline: cpu and gpu modes against the reference loop (DDIM with noise, and
+DPM-Solver++(2M) with its history), graphs, cancel, threads, and one noise stream per image (an
+image's seed gives the same image alone or in a batch, within the precision)."""
 from __future__ import annotations
 
 import json
@@ -34,16 +36,58 @@ def test_modes_match_reference_loop(backend, weights, mode):
     steps = make_steps(weights.config.schedule, "ddim", 6, eta=1.0)   # eta 1: noise on every step
     ref = Reference(weights, np.float32)
     shape = (3, 3, weights.config.image_size, weights.config.image_size)
-    want = sample_loop(ref.eps, shape, steps, seed=11)
+    want = sample_loop(ref.eps, shape, steps, seeds=11)
     s = GpuSampler(weights, "fp32", 3, mode=mode, backend=backend)
     try:
-        got = s.run(steps, seed=11)
+        got = s.run(steps, seeds=11)
     finally:
         s.close()
     err = rel(got, want)
     report(f"sampling {mode} fp32 b3 ddim6 eta1 vs numpy loop: rel L2 {err:.2e}")
     assert got.shape == want.shape and np.isfinite(got).all()
     assert err < RUN_TOL_FP32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
+@pytest.mark.parametrize("n_steps", [2, 5, 20])
+def test_dpmpp_2m_matches_reference_loop(backend, weights, mode, n_steps):
+    """dpmpp-2m in both modes (gpu: the history in final_conv, inside the replayed graph; cpu: per
+    half-batch through p_sample) against the NumPy loop."""
+    steps = make_steps(weights.config.schedule, "dpmpp-2m", n_steps)
+    ref = Reference(weights, np.float32)
+    shape = (3, 3, weights.config.image_size, weights.config.image_size)
+    want = sample_loop(ref.eps, shape, steps, seeds=[4, 12, 0])
+    s = GpuSampler(weights, "fp32", 3, mode=mode, backend=backend)
+    try:
+        got = s.run(steps, seeds=[4, 12, 0])
+    finally:
+        s.close()
+    err = rel(got, want)
+    report(f"sampling {mode} fp32 b3 dpmpp-2m {n_steps} vs numpy loop: rel L2 {err:.2e}")
+    assert got.shape == want.shape and np.isfinite(got).all()
+    assert err < RUN_TOL_FP32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
+@pytest.mark.parametrize("sampler,n_steps,eta", [("ddpm", None, 0.0), ("ddim", 6, 1.0), ("dpmpp-2m", 10, 0.0)])
+def test_seed_gives_the_same_image_alone_or_in_a_batch(backend, weights, mode, sampler, n_steps, eta):
+    """Per-image streams on the GPU: seeds 5..8 in a batch of 4 are the images of seed k alone
+    (batch 1), and seed 5 second in seeds=[9, 5] too, within fp32's precision (other batch sizes
+    may pick other kernels: the ops suite's fp32 error per U-Net call)."""
+    steps = make_steps(weights.config.schedule, sampler, n_steps, eta)
+    out = {}
+    for batch, seeds in ((4, 5), (1, None), (2, [9, 5])):
+        s = GpuSampler(weights, "fp32", batch, mode=mode, backend=backend)
+        try:
+            out[batch] = [s.run(steps, seeds=[k])[0] for k in range(5, 9)] if seeds is None else s.run(steps, seeds)
+        finally:
+            s.close()
+    errs = [rel(out[4][i], out[1][i]) for i in range(4)] + [rel(out[2][1], out[1][0])]
+    report(f"sampling {mode} fp32 {sampler}: seed alone vs in a batch, rel L2 up to {max(errs):.2e}")
+    assert max(errs) < RUN_TOL_FP32
+    assert min(rel(out[4][i], out[4][0]) for i in range(1, 4)) > 0.1, "four seeds, four images"
 
 
 @pytest.mark.gpu
@@ -54,7 +98,7 @@ def test_gpu_mode_equals_cpu_mode_ddpm(backend, weights, precision):
     for mode in ("cpu", "gpu"):
         s = GpuSampler(weights, precision, 2, mode=mode, backend=backend)
         try:
-            out[mode] = s.run(steps, seed=5)
+            out[mode] = s.run(steps, seeds=5)
         finally:
             s.close()
     err = rel(out["gpu"], out["cpu"])
@@ -63,14 +107,15 @@ def test_gpu_mode_equals_cpu_mode_ddpm(backend, weights, precision):
 
 
 @pytest.mark.gpu
-def test_graph_and_plain_launches_identical_and_reusable(backend, weights):
-    steps = make_steps(weights.config.schedule, "ddim", 5, eta=0.5)
+@pytest.mark.parametrize("sampler,n_steps,eta", [("ddim", 5, 0.5), ("dpmpp-2m", 6, 0.0)])
+def test_graph_and_plain_launches_identical_and_reusable(backend, weights, sampler, n_steps, eta):
+    steps = make_steps(weights.config.schedule, sampler, n_steps, eta)
     res = []
     for graphs in (True, False):
         s = GpuSampler(weights, "fp16", 2, mode="gpu", graphs=graphs, backend=backend)
         try:
-            res.append(s.run(steps, seed=3))
-            res.append(s.run(steps, seed=3))   # the graph and tables are reused
+            res.append(s.run(steps, seeds=3))
+            res.append(s.run(steps, seeds=3))   # the graph and tables are reused
         finally:
             s.close()
     for r in res[1:]:
@@ -91,8 +136,8 @@ def test_cancel_stops_within_one_step(backend, weights, mode):
     s = GpuSampler(weights, "fp16", 2, mode=mode, backend=backend)
     try:
         with pytest.raises(Cancelled):
-            s.run(steps, seed=1, callback=cb)
-        again = s.run(make_steps(weights.config.schedule, "ddim", 3), seed=1)   # still usable
+            s.run(steps, seeds=1, callback=cb)
+        again = s.run(make_steps(weights.config.schedule, "ddim", 3), seeds=1)   # still usable
     finally:
         s.close()
         s.close()   # twice is fine

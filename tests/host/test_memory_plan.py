@@ -61,7 +61,7 @@ def test_gpu_mode_report_equals_what_the_sampler_allocates(cfg, precision, batch
     est = memory.estimate(w, precision, batch, sms, "gpu", noise)
     assert (wbuf, abuf, tables) == (est.weights_bytes, est.arena_bytes, est.sampler_bytes)
     if noise == "device":   # its pinned host rows come only with a flagged run's redraw (counted: the worst case)
-        be.pinned((cfg.timesteps, batch * cfg.channels * cfg.image_size ** 2), "float32")
+        be.pinned((batch, cfg.timesteps, cfg.channels * cfg.image_size ** 2), "float32")   # [B][T][CHW]
     assert be.pinned_bytes == est.pinned_bytes
     assert est.device_bytes == wbuf + abuf + tables and est.peak_bytes == est.device_bytes + est.pinned_bytes
     ex = s.executors[0]
