@@ -49,15 +49,25 @@ def measure_seed(ref: Reference, seed: int, steps: List[int]) -> Dict[str, float
 
 
 def table(doc: dict) -> str:
-    """Markdown: mean PSNR over the seeds (min .. max) per sampler and step count."""
+    """Markdown: mean and median PSNR over the seeds (min .. max) per sampler and step count."""
     steps = doc["steps"]
-    lines = ["| steps | " + " | ".join(f"{s} (dB)" for s in SAMPLERS) + " |", "| --- |" + " --- |" * len(SAMPLERS)]
+    lines = ["| steps | " + " | ".join(f"{s}: mean / median (min .. max), dB" for s in SAMPLERS) + " |",
+             "| --- |" + " --- |" * len(SAMPLERS)]
     for s in steps:
         cells = []
         for sampler in SAMPLERS:
             v = [r[f"{sampler}/{s}"] for r in doc["seeds"].values()]
-            cells.append(f"{np.mean(v):.1f} ({min(v):.1f} .. {max(v):.1f})")
+            cells.append(f"{np.mean(v):.1f} / {np.median(v):.1f} ({min(v):.1f} .. {max(v):.1f})")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def per_seed_table(doc: dict) -> str:
+    """Markdown: every seed's PSNR per sampler and step count."""
+    cols = [f"{sampler} {s}" for sampler in SAMPLERS for s in doc["steps"]]
+    lines = ["| seed | " + " | ".join(cols) + " |", "| --- |" + " --- |" * len(cols)]
+    for seed, r in doc["seeds"].items():
+        lines.append(f"| {seed} | " + " | ".join(f"{r[c.replace(' ', '/')]:.1f}" for c in cols) + " |")
     return "\n".join(lines)
 
 
@@ -109,6 +119,8 @@ def main(argv=None) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     print(table(doc))
+    print()
+    print(per_seed_table(doc))
     if args.plot:
         plot(doc, Path(args.plot))
     return 0

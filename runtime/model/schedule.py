@@ -25,7 +25,7 @@ SEED_LIMIT = 2 ** 63   # seeds are integers 0 <= s < 2**63 (the spec)
 # What jetson-sample and Pipeline.sample run unless told otherwise (docs/samplers.md: the measured
 # distance to the converged solution and the time per image that chose them)
 DEFAULT_SAMPLER = "dpmpp-2m"
-DPMPP_STEPS = 20   # dpmpp-2m's steps when none are asked for
+DPMPP_STEPS = 25   # dpmpp-2m's steps when none are asked for
 
 
 @dataclass(frozen=True)
