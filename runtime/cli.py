@@ -3,8 +3,9 @@
 `jetson-sample --prepare` builds the GPU kernels ahead of time into the cubin cache and
 `jetson-sample --plan-only` prints the memory plan per batch and precision; neither needs a GPU.
 
-Expected failures print ONE line and exit 2 (usage, bad files) or 1 (a failure mid-run); nothing
-half-written is ever left: PNGs are written to a temporary file and renamed.
+Expected failures print ONE line and exit 2 (usage, bad files) or 1 (a failure mid-run, a full
+disk); every number is checked as it is parsed and every output proven writable before the weights
+load, and the outputs of a run (grid, --save-each images, trace) land together or not at all.
 """
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from jetson_unet import __version__, logs
-from jetson_unet.model.schedule import DEFAULT_SAMPLER, DPMPP_STEPS, SAMPLERS, check_seeds, image_seeds
-from jetson_unet.files import atomic_open
+from jetson_unet.model.schedule import (DEFAULT_SAMPLER, DPMPP_STEPS, SAMPLERS, SEED_LIMIT, check_seeds,
+                                        image_seeds)
+from jetson_unet.files import check_writable, output_set, writing
 from jetson_unet.errors import Cancelled, ConfigError, RuntimeErrorBase, UsageError, WeightsError
 from jetson_unet.build.aot import COMPILERS
 from jetson_unet.pipeline import (BACKEND_CHOICES, DEFAULT_GPU_MODE, DEFAULT_NOISE, GPU_PRECISIONS, MODES,
@@ -35,22 +37,81 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends argparse's default only where it is what happens: not when the help text already says
+    what the default does (`--seed`: "default 0" for a None that means seed 0), nor for a None or
+    False (an absent option); lists as they are typed (`1 16`, not `[1, 16]`)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        absent = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if absent or "default" in text or not action.option_strings:
+            return text
+        if isinstance(action.default, (list, tuple)):
+            return f"{text} (default: {' '.join(map(str, action.default))})"
+        return super()._get_help_string(action)
+
+
+# ---- argparse types: every number refused as it is parsed, one line naming the flag ----------------
+
+def number(flag: str, low: float, kind: type = int, strict: bool = False) -> Callable[[str], Any]:
+    """`kind(text)`, finite and >= low (> low when strict), else a UsageError naming `flag`: at parse
+    time, before any weights load or sampling starts."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is not None and math.isfinite(value) and (value > low if strict else value >= low):
+            return value
+        what = "" if kind is int and value is not None else ("an integer " if kind is int else "a finite number ")
+        raise UsageError(f"{flag} must be {what}{'>' if strict else '>='} {low:g}, got {text}")
+    return parse
+
+
+def seed_number(flag: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if 0 <= value < SEED_LIMIT:
+            return value
+        raise UsageError(f"{flag}: seeds are integers 0 <= s < 2**63, got {text}")
+    return parse
+
+
+def budget(text: str) -> Any:
+    """--budget: 4GB, 8GB or a byte count (jetson_unet.executor.memory.parse_budget), at parse time."""
+    from jetson_unet.executor import memory
+    try:
+        return memory.parse_budget(text)
+    except OverflowError:   # 'inf', '1e999'
+        raise UsageError(f"--budget {text!r}: give 4GB or 8GB (Orin Nano boards) or a byte count") from None
+
+
+TRACE_NEEDS_GPU = ("--trace records the GPU's launches and this run is on the NumPy backend: drop --trace "
+                   "(or run on a GPU backend)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = _Parser(prog=PROG, formatter_class=_Help,
                 description="Generate images with a seed-unet diffusion model (GPU through CuPy or pycuda, "
                             "or the NumPy reference on the CPU).")
     p.add_argument("--weights", default=str(default_weights_path()), help="model .npz (the shipped model by default)")
     p.add_argument("--out", default="samples.png", help="PNG grid to write")
-    p.add_argument("--save-each", metavar="DIR", default=None, help="also write each image as DIR/NNN.png")
-    p.add_argument("--batch", type=int, nargs="+", default=None,
+    p.add_argument("--save-each", metavar="DIR", default=None,
+                   help="also write each image as DIR/NNN.png (DIR must exist)")
+    p.add_argument("--batch", type=number("--batch", 1), nargs="+", default=None,
                    help="images to generate (default 4); --plan-only and --prepare take several (default 1 4 16)")
     p.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
                    help="ddpm (all T steps, noisy), ddim or dpmpp-2m (deterministic, fewer steps: docs/samplers.md)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=number("--steps", 1), default=None,
                    help=f"sampling steps of ddim (default: all T) and dpmpp-2m (default {DPMPP_STEPS}); ddpm runs all T")
-    p.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0: deterministic)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the first image (default 0); image i draws from seed + i")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
+    p.add_argument("--eta", type=number("--eta", 0, float), default=0.0, help="DDIM eta (0: deterministic)")
+    p.add_argument("--seed", type=seed_number("--seed"), default=None,
+                   help="seed of the first image (default 0); image i draws from seed + i")
+    p.add_argument("--seeds", type=seed_number("--seeds"), nargs="+", default=None, metavar="S",
                    help="one seed per image instead (the batch is their number)")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="auto: CuPy when usable, else pycuda, else NumPy with a notice; pycuda runs "
@@ -67,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "device (the same stream bit for bit, drawn on the GPU; a run it cannot vouch for is redrawn "
                         "on the host); auto = device with CuPy in gpu mode, else host")
     p.add_argument("--trace", metavar="JSON", default=None,
-                   help="write a Chrome/Perfetto timeline of the GPU streams and the CPU (GPU backends)")
-    p.add_argument("--nrow", type=int, default=0, help="images per grid row (0: square-ish)")
+                   help="write a Chrome/Perfetto timeline of the GPU streams and the CPU (a GPU backend only)")
+    p.add_argument("--nrow", type=number("--nrow", 0), default=0, help="images per grid row (0: square-ish)")
     add_verbosity(p)
     p.add_argument("--cache", metavar="DIR", default=None,
                    help="kernel cache root, cubins in DIR/cubins/v1 (default: $JETSON_UNET_CACHE, else "
@@ -81,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "per --budget, then exit (exit 1 when an explicit --budget is exceeded)")
     g.add_argument("--arch", nargs="+", default=None,
                    help="--prepare targets: 87, sm_87, 72, native (default: native with a GPU here, else 87)")
-    g.add_argument("--sms", type=int, nargs="+", default=None,
+    g.add_argument("--sms", type=number("--sms", 1), nargs="+", default=None,
                    help="SM counts the tiles are chosen for (--prepare: per arch, 87 -> 4 8, 72 -> 6 8; "
                         "--plan-only: one, default 8)")
     g.add_argument("--compiler", choices=COMPILERS, default="auto",
@@ -91,27 +152,37 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--nvrtc", metavar="PATH", default=None,
                    help="--prepare: compile every arch with this libnvrtc.so (or a folder holding one), e.g. a "
                         "CUDA 11/12 NVRTC for sm_72 ($JETSON_UNET_NVRTC=PATH does the same)")
-    g.add_argument("--budget", nargs="+", default=None,
+    g.add_argument("--budget", type=budget, nargs="+", default=None,
                    help="--plan-only: 4GB, 8GB (Orin Nano; ~2.5 / ~5 GB usable assumed) or a byte count "
                         "(default 4GB 8GB)")
     return p
 
 
-def check_output(path: Path, suffix: str = ".png") -> None:
-    """Fail before sampling, not after: the file must be creatable."""
+def check_output(path: Path, flag: str, suffix: str) -> None:
+    """Fail before sampling, not after: the file must end in `suffix` and be creatable."""
     if path.suffix.lower() != suffix:
-        raise UsageError(f"--out {path} must end in {suffix}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"output folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"output folder {parent} is not writable")
-    if path.is_dir():
-        raise UsageError(f"--out {path} is a folder")
+        raise UsageError(f"{flag} {path} must end in {suffix}")
+    check_writable(path, flag)
+
+
+def check_sample_outputs(args: argparse.Namespace) -> None:
+    """Every output of a sampling run proven writable (a temporary file made there) before the
+    weights load: the grid, --trace, --save-each and an explicit --cache."""
+    check_output(Path(args.out), "--out", ".png")
+    if args.trace is not None:
+        if args.backend == "numpy":
+            raise UsageError(TRACE_NEEDS_GPU)
+        check_output(Path(args.trace), "--trace", ".json")
+    if args.save_each is not None:
+        check_writable(args.save_each, "--save-each", folder=True)
+    if args.cache is not None:
+        check_writable(args.cache, "--cache", folder=True, create=True)
 
 
 def make_grid(images: np.ndarray, nrow: int = 0, pad: int = 2) -> np.ndarray:
     """(B, H, W, C) uint8 -> one (rows*(H+pad)+pad, cols*(W+pad)+pad, C) white-padded grid."""
+    if nrow < 0:
+        raise UsageError(f"nrow must be >= 0, got {nrow}")
     b, h, w, c = images.shape
     cols = nrow or int(math.ceil(math.sqrt(b)))
     rows = int(math.ceil(b / cols))
@@ -122,13 +193,25 @@ def make_grid(images: np.ndarray, nrow: int = 0, pad: int = 2) -> np.ndarray:
     return grid
 
 
-def write_png(path: Path, image: np.ndarray) -> None:
-    """Atomic: a temporary file in the same folder, then os.replace."""
+def encode_png(f: Any, image: np.ndarray) -> None:
+    """(H, W, 3 or 1) uint8 as a PNG into the open binary file `f`."""
     from PIL import Image
     mode = "RGB" if image.shape[-1] == 3 else "L"
-    img = Image.fromarray(image if mode == "RGB" else image[..., 0], mode)
-    with atomic_open(path, "wb") as f:
-        img.save(f, format="PNG")
+    Image.fromarray(image if mode == "RGB" else image[..., 0], mode).save(f, format="PNG")
+
+
+def write_outputs(images: np.ndarray, out: Path, nrow: int = 0, each: Optional[Path] = None,
+                  trace: Optional[Path] = None, timeline: Any = None, meta: Optional[dict] = None) -> None:
+    """The grid, the images of --save-each and the trace: written to temporary files, renamed only
+    when all were written; on a failure (a full disk) none is left (OutputError, exit 1)."""
+    with output_set() as staged:
+        with staged.open(out) as f:
+            encode_png(f, make_grid(images, nrow))
+        for i, img in enumerate(images if each is not None else ()):
+            with staged.open(each / f"{i:03d}.png") as f:
+                encode_png(f, img)
+        if timeline is not None:
+            timeline.write(staged.path(trace), meta)
 
 
 def _progress(quiet: bool, total: int):
@@ -153,11 +236,8 @@ def set_verbosity(args: argparse.Namespace) -> None:
 
 
 def sample_main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)   # every number checked here (argparse types above)
     set_verbosity(args)
-    for b in args.batch or ():
-        if b < 1:
-            raise UsageError(f"--batch must be >= 1, got {b}")
     if args.prepare and args.plan_only:
         raise UsageError("--prepare and --plan-only are separate steps: run one at a time")
     if args.nvrtc is not None and not args.prepare:
@@ -181,14 +261,8 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    check_output(out)
-    each = Path(args.save_each) if args.save_each else None
-    trace = Path(args.trace) if args.trace else None
-    if trace is not None:
-        check_output(trace, ".json")
-    if each is not None and not (each.is_dir() and os.access(each, os.W_OK)):
-        raise UsageError(f"--save-each folder {each} does not exist or is not writable")
+    check_sample_outputs(args)
+    out, trace = Path(args.out), Path(args.trace) if args.trace else None
     from jetson_unet.pipeline import Pipeline
     from jetson_unet.model.schedule import make_steps
     weights = _load_weights(args.weights)    # validate everything before any long work
@@ -196,7 +270,9 @@ def _sample(args: argparse.Namespace) -> int:
     with Pipeline(weights, backend=args.backend, precision=args.precision, mode=args.mode,
                   graphs=not args.no_graphs, noise=args.noise) as pipe:
         timeline = None
-        if trace is not None and pipe.backend != "numpy":
+        if trace is not None:
+            if pipe.backend == "numpy":   # --backend auto without a GPU
+                raise UsageError(TRACE_NEEDS_GPU)
             from jetson_unet.trace import Timeline
             timeline = Timeline(_backend_of(pipe))
         bar, cb = _progress(args.quiet, n_steps)
@@ -208,12 +284,8 @@ def _sample(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
         dt = time.perf_counter() - t0
-        if timeline is not None:
-            timeline.write(trace, {"batch": args.batch, "mode": pipe.mode, "precision": pipe.precision})
-    write_png(out, make_grid(images, args.nrow))
-    if each is not None:
-        for i, img in enumerate(images):
-            write_png(each / f"{i:03d}.png", img)
+        write_outputs(images, out, args.nrow, Path(args.save_each) if args.save_each else None, trace, timeline,
+                      {"batch": args.batch, "mode": pipe.mode, "precision": pipe.precision})
     print(f"wrote {out} ({args.batch} images, {n_steps} steps, {pipe.backend} {pipe.precision}, "
           f"{dt:.2f} s, {dt / args.batch:.2f} s/image)", file=sys.stderr)
     return 0
@@ -223,7 +295,9 @@ def prepare_main(args: argparse.Namespace) -> int:
     """--prepare: one line per module on stdout; exit 1 when a module could not be built."""
     from jetson_unet.build import aot
     from jetson_unet.build.cache import CubinCache
-    weights = _load_weights(args.weights)
+    cache = CubinCache()   # its folder proven writable before anything compiles
+    flag = "--cache" if args.cache else "kernel cache"
+    check_writable(args.cache or cache.root, flag, folder=True, create=True)
     precisions = _gpu_precisions(args.precision, ("fp16", "fp32", "bf16"))
     batches = args.batch or [1, 4, 16]
     archs = args.arch
@@ -235,7 +309,8 @@ def prepare_main(args: argparse.Namespace) -> int:
                   file=sys.stderr)
     targets = aot.parse_targets(archs, args.sms)
     compiler = aot.pick_compiler(args.compiler, library=args.nvrtc)
-    failures = aot.prepare(weights, targets, precisions, batches, compiler, CubinCache(), print)
+    weights = _load_weights(args.weights)
+    failures = aot.prepare(weights, targets, precisions, batches, compiler, cache, print)
     if failures:
         print(f"{PROG}: error: {failures} kernel module(s) not built (see above)", file=sys.stderr)
         return 1
@@ -247,7 +322,7 @@ def plan_main(args: argparse.Namespace) -> int:
     from jetson_unet.executor import memory
     weights = _load_weights(args.weights)
     precisions = _gpu_precisions(args.precision, ("fp16", "fp32"))
-    budgets = [memory.parse_budget(b) for b in (args.budget or ("4GB", "8GB"))]
+    budgets = args.budget or [memory.parse_budget(b) for b in ("4GB", "8GB")]   # --budget: parsed by argparse
     sms = _single(args.sms, 8, "--sms")
     mode = DEFAULT_GPU_MODE if args.mode == "auto" else args.mode
     noise = "device" if mode == "gpu" and args.noise in ("auto", "device") else "host"   # auto: as the pipeline on CuPy
@@ -305,25 +380,35 @@ def _backend_of(pipe) -> object:
     return get_backend(pipe.backend)
 
 
-def weights_main(argv: Optional[Sequence[str]] = None) -> int:
-    p = _Parser(prog="jetson-weights", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+def weights_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="jetson-weights", formatter_class=_Help,
                 description="Make randomly initialized weights for any config, or validate and describe a file.")
     add_verbosity(p)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("random", help="write random weights", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("out")
+    sub = p.add_subparsers(dest="cmd", metavar="{random,info}")
+    r = sub.add_parser("random", help="write random weights", formatter_class=_Help)
+    r.add_argument("out", metavar="OUT", help="the .npz to write (missing folders are made)")
     r.add_argument("--config", default=None, help="config JSON file (default: the spec's defaults)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    r.add_argument("--seed", type=seed_number("--seed"), default=0, help="seed of the random values")
+    r.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="parameter dtype")
     i = sub.add_parser("info", help="validate a weights file and print its manifest")
     i.add_argument("path")
+    return p
+
+
+def weights_main(argv: Optional[Sequence[str]] = None) -> int:
+    p = weights_parser()
     args = p.parse_args(argv)
     set_verbosity(args)
+    if args.cmd is None:   # as argparse does for a usage error: the help on stderr, exit 2
+        p.print_help(sys.stderr)
+        return 2
     from jetson_unet.model.config import UNetConfig
     from jetson_unet.model.weights import load_weights, random_params, save_weights
     if args.cmd == "random":
+        check_writable(args.out, "OUT", create=True)
         cfg = UNetConfig() if args.config is None else UNetConfig.from_json(_read_text(args.config))
-        save_weights(args.out, cfg, random_params(cfg, args.seed), dtype=args.dtype)
+        with writing(args.out):
+            save_weights(args.out, cfg, random_params(cfg, args.seed), dtype=args.dtype)
         print(f"wrote {args.out} (random, seed {args.seed}, {args.dtype})")
     else:
         w = load_weights(args.path)
@@ -354,6 +439,10 @@ def _run(fn, prog: str, argv: Optional[Sequence[str]]) -> int:
         return 130
     except RuntimeErrorBase as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:   # the environment failed mid-run (a full disk, an I/O error): one line, no traceback
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{prog}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
 
 

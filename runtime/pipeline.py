@@ -1,28 +1,38 @@
 """What an application embeds: load a model once, sample many times.
 
-    from jetson_unet.pipeline import Pipeline
-    with Pipeline("weights/seed-unet-emoji64.npz", backend="auto") as pipe:
+    from jetson_unet import Pipeline
+    with Pipeline(backend="auto") as pipe:             # the shipped model (or a path, or loaded Weights)
         pipe.load(batch=4)                             # optional: pay the GPU start-up now (at boot)
         images = pipe.sample(batch=4, seed=1)          # (4, 64, 64, 3) uint8
 
 `sample` calls on one Pipeline from several threads are serialized by a lock (each call runs to
 completion in turn; results never mix). A callback `cb(step, n_steps)` sees progress and may raise
 `jetson_unet.errors.Cancelled` to stop within one step.
+
+Every argument is checked here, at the API's edge, before any work: a wrong type or range raises
+jetson_unet.errors.UsageError with one line naming the parameter (the CLIs' exit code 2). On the
+NumPy backend a batch that does not fit the host's available memory is refused (ArenaError, with the
+largest batch that fits), as the GPU path refuses one that does not fit the device. A CUDA error or
+an out-of-memory while sampling on the GPU frees the engine and raises one GpuRunError line.
 """
 from __future__ import annotations
 
+import gc
 import logging
+import math
+import os
+import reprlib
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from collections.abc import Iterable
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from jetson_unet.errors import BackendUnavailable, UsageError
 from jetson_unet.ops.noise import NOISE_SOURCES
 from jetson_unet.ops.policy import KernelPolicy
-from jetson_unet.model.schedule import (DEFAULT_SAMPLER, check_seeds, image_seeds, make_steps,
-                                        sample_loop, to_uint8)
+from jetson_unet.model.schedule import DEFAULT_SAMPLER, SAMPLERS, check_seeds, make_steps, sample_loop, to_uint8
 from jetson_unet.model.weights import Weights, load_weights
 
 log = logging.getLogger(__name__)
@@ -40,6 +50,68 @@ DEFAULT_NOISE = "auto"       # device on CuPy in gpu mode, else host: chosen by 
 Callback = Callable[[int, int], None]
 
 
+# ---- the checks at the API's edge (ranges of steps, eta and seeds: jetson_unet.model.schedule's) --------
+def _show(value: Any) -> str:
+    """A value as an error line shows it: its repr, shortened (a 400-digit int, a long list)."""
+    return reprlib.repr(value)
+
+
+def _choice(value: Any, choices: Sequence[str], what: str) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise UsageError(f"unknown {what} {_show(value)} (choose from {', '.join(choices)})")
+    return value
+
+
+def _integer(name: str, value: Any, low: Optional[int] = None) -> int:
+    """An int or NumPy integer (not a bool), >= low."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise UsageError(f"{name} must be an integer, got {_show(value)}")
+    if low is not None and value < low:
+        raise UsageError(f"{name} must be >= {low}, got {_show(value)}")
+    return int(value)
+
+
+def _real(name: str, value: Any) -> float:
+    """A finite int or float (not a bool)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise UsageError(f"{name} must be a number, got {_show(value)}")
+    try:
+        x = float(value)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        raise UsageError(f"{name} must be a finite number, got {_show(value)}")
+    return x
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise UsageError(f"{name} must be True or False, got {_show(value)}")
+    return bool(value)
+
+
+def _seeds(seed: Any, seeds: Any, batch: Any) -> Tuple[int, Union[int, List[int]]]:
+    """(batch, seed or seeds) of a sample() call: one seed s stays an int (images s .. s + batch - 1,
+    drawn lazily), a list is checked whole (check_seeds)."""
+    if seeds is None:
+        batch = _integer("batch", 1 if batch is None else batch, 1)
+        seed = _integer("seed", seed)
+        try:   # the first and the last image's seed: the rest lie between
+            check_seeds([seed, seed + batch - 1], 2)
+        except UsageError as e:
+            raise UsageError(f"seed {seed} (batch {batch}): {e}") from None
+        return batch, seed
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise UsageError(f"seeds must be a sequence of integers, got {_show(seeds)}")
+    seeds = list(seeds)
+    if batch is not None:
+        batch = _integer("batch", batch, 1)
+    seeds = check_seeds(seeds, len(seeds) if batch is None else batch)
+    if not seeds:
+        raise UsageError("seeds must name at least one image")
+    return len(seeds), seeds
+
+
 def default_weights_path() -> Path:
     """The shipped model (package data `jetson_unet.models`, i.e. the repo's weights/ folder)."""
     from jetson_unet.paths import models_dir
@@ -55,19 +127,18 @@ class Pipeline:
         mode: gpu (the sampler step in the U-Net's last kernel, CUDA-graph steps) or cpu (p_sample on
         the CPU, overlapped); noise: where the seed's noise stream is drawn on a GPU (auto, host,
         device); policy: how the GPU kernels are picked (jetson_unet.ops.policy.KernelPolicy)."""
-        if mode not in MODES:
-            raise UsageError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
-        self.mode = DEFAULT_GPU_MODE if mode == "auto" else mode
-        self.graphs = bool(graphs)
-        if noise not in NOISE_CHOICES:
-            raise UsageError(f"unknown noise source {noise!r} (choose from {', '.join(NOISE_CHOICES)})")
+        if weights is not None and not isinstance(weights, (str, os.PathLike, Weights)):
+            raise UsageError(f"weights must be a path, a loaded Weights or None (the shipped model), got {_show(weights)}")
+        self.mode = DEFAULT_GPU_MODE if _choice(mode, MODES, "mode") == "auto" else mode
+        self.graphs = _flag("graphs", graphs)
+        _choice(noise, NOISE_CHOICES, "noise source")
+        if not isinstance(policy, KernelPolicy):
+            raise UsageError(f"policy must be a jetson_unet.ops.policy.KernelPolicy, got {_show(policy)}")
+        _choice(backend, BACKEND_CHOICES, "backend")
+        _choice(precision, PRECISIONS, "precision")
         if noise == "device" and (self.mode != "gpu" or backend == "numpy"):
             raise UsageError("device noise goes with a GPU backend in gpu mode")
         self.noise, self.policy = noise, policy
-        if backend not in BACKEND_CHOICES:
-            raise UsageError(f"unknown backend {backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
-        if precision not in PRECISIONS:
-            raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         if backend == "numpy" and precision in ("fp16", "bf16"):
             raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
         if backend in GPU_BACKENDS and precision == "fp64":
@@ -95,7 +166,8 @@ class Pipeline:
                     if backend != "auto":
                         raise BackendUnavailable(str(e)) from None
                     reasons.append(f"{name}: {e}")
-            log.warning("no usable GPU (%s); using the NumPy reference backend", "; ".join(reasons))
+            log.debug("GPU backends not usable: %s", "; ".join(reasons))
+            log.warning("no usable GPU: using the NumPy reference backend (-v says why)")
         if precision in ("fp16", "bf16"):
             raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
         from jetson_unet.model.reference import Reference
@@ -106,9 +178,7 @@ class Pipeline:
     def _gpu_sampler(self, batch: int):
         """One GpuSampler kept per batch size (its arena, graph and tables are reused)."""
         if self._engine is None or self._engine.batch != batch:
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+            self._drop_engine()
             from jetson_unet.backends import get_backend
             from jetson_unet.sampling.gpu import GpuSampler
             be = get_backend(self.backend)
@@ -119,20 +189,49 @@ class Pipeline:
                                       policy=self.policy)
         return self._engine
 
+    def _drop_engine(self) -> None:
+        """Close the GPU engine (after a CUDA error its streams may not sync: what can be freed is)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception as e:   # a CUDA error left by the failure itself
+                log.debug("closing the GPU engine: %s: %s", type(e).__name__, e)
+
+    def _on_gpu(self, doing: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on the GPU engine. A CUDA error or an out-of-memory (and a GpuRunError) frees the
+        engine, and what the failed call had built, and raises one GpuRunError line; the next call
+        builds a new engine."""
+        from jetson_unet.sampling.gpu import GpuRunError, device_error
+        try:
+            return fn(*args)
+        except GpuRunError:
+            self._drop_engine()
+            raise
+        except Exception as e:
+            err = device_error(e, doing)
+            if err is None:
+                raise
+        # raised out here, with no context: the failed call's frames (a half-built executor's
+        # buffers) go with the original exception, now
+        self._drop_engine()
+        gc.collect()
+        raise err
+
     def load(self, batch: int = 1) -> "Pipeline":
         """Pay the start-up now rather than in the first sample(): on a GPU, build the engine for
         `batch` (kernel modules loaded from the cubin cache, or compiled; arena and weights
         allocated; weights uploaded and waited for; gpu mode's step tables), so that a later
         sample() of this batch size starts its first step at once. On numpy there is nothing to
-        build. One engine is kept: a sample() of another batch size builds that one instead.
-        Returns self (`pipe = Pipeline(path).load(4)`)."""
-        if batch < 1:
-            raise UsageError(f"batch must be >= 1, got {batch}")
+        build, only the host-memory check. One engine is kept: a sample() of another batch size builds
+        that one instead. Returns self (`pipe = Pipeline().load(4)`)."""
+        batch = _integer("batch", batch, 1)
         with self._lock:
-            if self._closed:
-                raise UsageError("this Pipeline is closed")
-            if self.backend != "numpy":
-                self._gpu_sampler(batch).prepare()
+            self._check_open()
+            if self.backend == "numpy":
+                self._check_host(batch)
+            else:
+                self._on_gpu("loading", lambda: self._gpu_sampler(batch).prepare())
         return self
 
     def sample(self, batch: Optional[int] = None, steps: Optional[int] = None,
@@ -142,33 +241,39 @@ class Pipeline:
         with `seed` s draws from PCG64(s + i), or from `seeds[i]` (then the batch is len(seeds)), so
         an image depends on its own seed only, whatever the batch and its place in it. steps: None
         is the sampler's default (DDPM and DDIM: all T; dpmpp-2m: DPMPP_STEPS)."""
-        if seeds is None:
-            batch = 1 if batch is None else batch
-            if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-                raise UsageError(f"batch must be an integer >= 1, got {batch!r}")
-            seeds = image_seeds(seed, int(batch))
-        else:
-            seeds = check_seeds(seeds, len(seeds) if batch is None else batch)
-            batch = len(seeds)
-            if batch < 1:
-                raise UsageError("seeds must name at least one image")
-        plan = make_steps(self.config.schedule, sampler, steps, eta)
+        batch, image_seeds = _seeds(seed, seeds, batch)
+        if steps is not None:
+            steps = _integer("steps", steps)
+        if not isinstance(sampler, str):
+            raise UsageError(f"sampler must be a string (one of {', '.join(SAMPLERS)}), got {_show(sampler)}")
+        if callback is not None and not callable(callback):
+            raise UsageError(f"callback must be callable as callback(step, n_steps), got {_show(callback)}")
+        plan = make_steps(self.config.schedule, sampler, steps, _real("eta", eta))
         c = self.config
         shape = (batch, c.channels, c.image_size, c.image_size)
         with self._lock:
-            if self._closed:
-                raise UsageError("this Pipeline is closed")
+            self._check_open()
             if self.backend == "numpy":
-                x0 = sample_loop(self._engine.eps, shape, plan, seeds, callback)
+                self._check_host(batch)
+                x0 = sample_loop(self._engine.eps, shape, plan, image_seeds, callback)
             else:
-                x0 = self._gpu_sampler(batch).run(plan, seeds, callback, timeline)
+                x0 = self._on_gpu("sampling", lambda: self._gpu_sampler(batch).run(plan, image_seeds, callback,
+                                                                                   timeline))
         return to_uint8(x0)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("this Pipeline is closed")
+
+    def _check_host(self, batch: int) -> None:
+        from jetson_unet.sampling.host import check_host_fits
+        check_host_fits(self.weights, self._engine.dtype, batch)
 
     def close(self) -> None:
         """Free what the pipeline holds on the GPU; safe to call twice."""
         with self._lock:
-            if self._engine is not None and hasattr(self._engine, "close"):
-                self._engine.close()
+            if self.backend != "numpy":
+                self._drop_engine()
             self._engine = self._stream = None
             self._closed = True
 

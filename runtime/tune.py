@@ -33,8 +33,8 @@ import numpy as np
 
 from jetson_unet.backends import get_backend
 from jetson_unet.bench.timing import bench_weights, per_op_times, timed
-from jetson_unet.cli import _Parser, _run, add_verbosity, set_verbosity
-from jetson_unet.errors import UsageError
+from jetson_unet.cli import _Parser, _run, add_verbosity, number, set_verbosity
+from jetson_unet.files import atomic_open, check_writable, writing
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import build_plan
@@ -145,7 +145,8 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
             "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names},
             "variant_us": {label: rec}, "measured_by": command}
     path = out_dir / file_name(meta["device"], sms, precision, batch)
-    dump_tiles(path, tiles, meta)
+    with writing(path):
+        dump_tiles(path, tiles, meta)
     print(f"wrote {path}")
     return meta
 
@@ -153,12 +154,13 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"), help="(default: fp16)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 16], help="batch sizes, one file each (default: 1 16)")
+    p.add_argument("--batch", type=number("--batch", 1), nargs="+", default=[1, 16],
+                   help="batch sizes, one file each (default: 1 16)")
     p.add_argument("--out-dir", default=None, metavar="DIR",
                    help="where the tuning files go (default: where the executor looks, $JETSON_UNET_TILES, "
                         "else $XDG_CACHE_HOME or ~/.cache, then jetson-unet/tiles)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the measurements to this JSON file")
-    p.add_argument("--split-top", type=int, default=3, metavar="N",
+    p.add_argument("--split-top", type=number("--split-top", 1), default=3, metavar="N",
                    help="time the split-K factors of each op's N fastest tile shapes (default: 3)")
     add_verbosity(p)
     return p
@@ -167,21 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
 def tune_main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     set_verbosity(args)
-    # usage errors before any GPU work
-    if args.split_top < 1:
-        raise UsageError(f"--split-top must be at least 1, got {args.split_top}")
-    for b in args.batch:
-        if b < 1:
-            raise UsageError(f"--batch must be >= 1, got {b}")
+    # usage errors before any GPU work (the numbers: as they are parsed): every output proven writable
     if args.json is not None:
-        parent = Path(args.json).parent
-        if not parent.is_dir():
-            raise UsageError(f"--json {args.json}: folder {parent} does not exist")
+        check_writable(args.json, "--json")
     out_dir = Path(args.out_dir) if args.out_dir else user_tiles_dir()
-    try:
+    flag = "--out-dir" if args.out_dir else "tiles folder"
+    check_writable(out_dir, flag, folder=True, create=True)
+    with writing(out_dir):   # made now: where the executor looks, an empty folder is harmless
         out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create the output folder {out_dir} ({e.strerror or e})") from None
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
 
     backend = get_backend("cupy")
@@ -209,7 +204,8 @@ def tune_main(argv: Optional[Sequence[str]] = None) -> int:
     results = [tune(weights, args.precision, b, backend, keys, *per_batch[b], out_dir, args.split_top, command)
                for b in args.batch]
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        with writing(args.json), atomic_open(args.json, "w") as f:
+            f.write(json.dumps(results, indent=1) + "\n")
     return 0
 
 

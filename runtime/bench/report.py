@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from jetson_unet import __version__
 from jetson_unet.errors import UsageError
-from jetson_unet.files import atomic_open
+from jetson_unet.files import output_set
 
 log = logging.getLogger(__name__)
 
@@ -226,26 +226,36 @@ def assemble(args: Any, weights: Any, gpu: Any, tel: Any, origin: float, configs
 
 # ---- files --------------------------------------------------------------------------------------------
 
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    with atomic_open(path, "w", newline="") as f:
-        write(f)
-
-
-def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
-    def write(f: Any) -> None:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_FIELDS})
-    _atomic_write(path, write)
+def write_csv(rows: List[Dict[str, Any]], f: Any) -> None:
+    """One row per configuration (CSV_FIELDS) into the open text file `f`."""
+    w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_FIELDS})
 
 
 def write_outputs(doc: Dict[str, Any], out: Path) -> List[Path]:
-    plots = write_plots(doc, out)
-    doc["plots"] = [p.name for p in plots]
-    js, cs = out / "bench.json", out / "bench.csv"
-    _atomic_write(js, lambda f: json.dump(doc, f, indent=1, default=str))
-    write_csv([rec["summary"] for rec in doc["configs"]], cs)
+    """bench.json, bench.csv and the plots into `out` (made here, after the run: a failed run leaves
+    no empty folder): they land together or not at all, and a folder made here that could not be
+    filled is removed again."""
+    made = not out.exists()
+    out.mkdir(exist_ok=True)
+    try:
+        with output_set() as staged:
+            plots = write_plots(doc, out, staged)
+            doc["plots"] = [p.name for p in plots]
+            js, cs = out / "bench.json", out / "bench.csv"
+            with staged.open(js, "w") as f:
+                json.dump(doc, f, indent=1, default=str)
+            with staged.open(cs, "w", newline="") as f:
+                write_csv([rec["summary"] for rec in doc["configs"]], f)
+    except BaseException:
+        if made:   # empty again: its temporaries are gone
+            try:
+                out.rmdir()
+            except OSError:
+                pass
+        raise
     return [js, cs] + plots
 
 
@@ -265,8 +275,9 @@ def load_result(path: str) -> Dict[str, Any]:
 
 # ---- plots (the `plot` extra) ------------------------------------------------------------------------
 
-def write_plots(doc: Dict[str, Any], out: Path) -> List[Path]:
-    """power.png (power over time, phases shaded) and latency.png (GPU / CPU / other per image)."""
+def write_plots(doc: Dict[str, Any], out: Path, staged: Any = None) -> List[Path]:
+    """power.png (power over time, phases shaded) and latency.png (GPU / CPU / other per image);
+    with `staged` (jetson_unet.files.Staged) into its temporaries, renamed when it commits."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -274,14 +285,16 @@ def write_plots(doc: Dict[str, Any], out: Path) -> List[Path]:
     except ImportError:
         log.warning("plots skipped: matplotlib is not installed (pip install '.[plot]')")
         return []
+    where = staged.path if staged is not None else (lambda p: p)
     files = []
     samples = [s for s in doc["telemetry"]["samples"] if s.get("power_w") is not None]
     if samples:
-        files.append(_plot_power(plt, doc, samples, out / "power.png"))
+        _plot_power(plt, doc, samples, where(out / "power.png"))
+        files.append(out / "power.png")
     else:
         log.warning("power plot skipped: telemetry (%s) recorded no power", doc["telemetry"]["source"])
-    files.append(_plot_latency(plt, doc, out / "latency.png"))
-    return files
+    _plot_latency(plt, doc, where(out / "latency.png"))
+    return files + [out / "latency.png"]
 
 
 def _plot_power(plt: Any, doc: Dict[str, Any], samples: List[dict], path: Path) -> Path:
@@ -302,7 +315,7 @@ def _plot_power(plt: Any, doc: Dict[str, Any], samples: List[dict], path: Path) 
            title=f"Power during the benchmark: {describe(doc)}")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")   # path: a .tmp name when staged
     plt.close(fig)
     return path
 
@@ -333,7 +346,7 @@ def _plot_latency(plt: Any, doc: Dict[str, Any], path: Path) -> Path:
     ax.set(ylabel="ms per image (median)", title=f"Latency per image by batch size: {describe(doc)}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")   # path: a .tmp name when staged
     plt.close(fig)
     return path
 

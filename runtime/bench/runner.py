@@ -30,8 +30,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from jetson_unet import logs
 from jetson_unet.bench import coldstart, report
-from jetson_unet.cli import _Parser, _run, add_verbosity, set_verbosity
+from jetson_unet.cli import _Help, _Parser, _run, add_verbosity, number, seed_number, set_verbosity
 from jetson_unet.errors import BackendUnavailable, UsageError
+from jetson_unet.files import check_writable
 from jetson_unet.pipeline import BACKEND_CHOICES, NUMPY_PRECISIONS, PRECISIONS, default_weights_path
 from jetson_unet.model.reference import Reference
 from jetson_unet.model.schedule import SAMPLERS, make_steps, sample_loop, to_uint8
@@ -72,16 +73,16 @@ class BenchConfig:
 # ---- arguments -------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = _Parser(prog=PROG, formatter_class=_Help,
                 description="Benchmark sampling over a grid of configurations: latency, per-step GPU/CPU "
                             "breakdown, memory, power and energy per image, cold start. "
                             f"`{PROG} compare A.json B.json` prints two results side by side.")
     p.add_argument("--weights", default=str(default_weights_path()), help="model .npz (the shipped model by default)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes")
-    p.add_argument("--steps", type=int, nargs="+", default=None,
+    p.add_argument("--batch", type=number("--batch", 1), nargs="+", default=[1], help="batch sizes")
+    p.add_argument("--steps", type=number("--steps", 1), nargs="+", default=None,
                    help="step counts of ddim and dpmpp-2m (default: theirs; DDPM always runs T)")
     p.add_argument("--sampler", nargs="+", choices=SAMPLERS, default=["ddpm"], help="samplers")
-    p.add_argument("--eta", type=float, default=0.0, help="DDIM eta")
+    p.add_argument("--eta", type=number("--eta", 0, float), default=0.0, help="DDIM eta")
     p.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["auto"],
                    help="auto: fp16 on the GPU, fp32 on numpy")
     p.add_argument("--mode", nargs="+", choices=GPU_MODES, default=["gpu"], help="GPU sampling modes")
@@ -90,46 +91,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu mode: draw the noise stream on the host or the GPU; auto = as jetson-sample "
                         "(device with CuPy, else host)")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="auto: CuPy when usable, else numpy")
-    p.add_argument("--runs", type=int, default=3, help="measured runs per configuration")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs per configuration")
-    p.add_argument("--seed", type=int, default=0, help="noise seed (the same for every run)")
+    p.add_argument("--runs", type=number("--runs", 1), default=3, help="measured runs per configuration")
+    p.add_argument("--warmup", type=number("--warmup", 0), default=1, help="unmeasured runs per configuration")
+    p.add_argument("--seed", type=seed_number("--seed"), default=0, help="noise seed (the same for every run)")
     p.add_argument("--telemetry", choices=KINDS, default="auto", help="power/thermal source")
-    p.add_argument("--interval", type=float, default=0.1, help="telemetry sampling interval, s")
+    p.add_argument("--interval", type=number("--interval", 0, float, strict=True), default=0.1,
+                   help="telemetry sampling interval, s")
     p.add_argument("--no-timeline", action="store_true", help="no CUDA events per step (no GPU/CPU breakdown)")
     p.add_argument("--cold", choices=("first", "each", "none"), default="first",
                    help="fresh processes timed phase by phase to their first step and image (GPU: empty, "
                         "warm and --prepare'd kernel caches): for the first configuration, for each distinct "
                         "(precision, mode, sampler, steps), or not at all")
-    p.add_argument("--cold-timeout", type=float, default=1800.0, help="limit per cold-start process (and --prepare), s")
-    p.add_argument("--out", default="bench-out", help="output folder (created; its parent must exist)")
+    p.add_argument("--cold-timeout", type=number("--cold-timeout", 0, float, strict=True), default=1800.0,
+                   help="limit per cold-start process (and --prepare), s")
+    p.add_argument("--out", default="bench-out",
+                   help="output folder (created when the run is over; its parent must exist)")
     add_verbosity(p)
     return p
 
 
 def check_args(args: argparse.Namespace) -> Path:
-    """Every usage error before any long work; returns the output folder (not created yet)."""
-    for name, low in (("batch", 1), ("steps", 1)):
-        for v in getattr(args, name) or []:
-            if v < low:
-                raise UsageError(f"--{name} must be >= {low}, got {v}")
-    if args.runs < 1:
-        raise UsageError(f"--runs must be >= 1, got {args.runs}")
-    if args.warmup < 0:
-        raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
-    if not args.interval > 0:
-        raise UsageError(f"--interval must be > 0, got {args.interval}")
-    if not args.cold_timeout > 0:
-        raise UsageError(f"--cold-timeout must be > 0, got {args.cold_timeout}")
+    """Every usage error before any long work (the numbers: as they are parsed); returns the output
+    folder, proven writable but not created yet (report.write_outputs makes it)."""
     if not Path(args.weights).is_file():
         raise UsageError(f"no weights file at {args.weights} (pass --weights PATH)")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
     parent = out.parent if str(out.parent) else Path(".")
     if not out.exists() and not parent.is_dir():
-        raise UsageError(f"--out: folder {parent} does not exist")
-    if not os.access(out if out.exists() else parent, os.W_OK):
-        raise UsageError(f"--out {out} is not writable")
+        raise UsageError(f"--out {out}: folder {parent} does not exist")
+    check_writable(out, "--out", folder=True, create=True)
     return out
 
 
@@ -424,7 +414,6 @@ def bench_main(argv: Sequence[str]) -> int:
     with logs.captured(level=logging.WARNING) as notices:
         backend, gpu = resolve_backend(args.backend)
         grid = build_grid(args, backend, weights.config.schedule)
-        out.mkdir(exist_ok=True)
         tel = open_telemetry(args.telemetry, args.interval)
         origin = time.perf_counter()
         tel.start()

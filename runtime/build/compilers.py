@@ -14,10 +14,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from jetson_unet.errors import KernelCompileError
 
@@ -193,8 +197,7 @@ def find_nvcc(environ: Mapping[str, str] = os.environ) -> Optional[str]:
 def nvcc_toolchain(nvcc: str) -> str:
     """`nvcc: Cuda compilation tools, release 13.0, V13.0.88` (the release line of --version)."""
     try:
-        out = subprocess.run([nvcc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             check=False).stdout.decode("utf-8", "replace")
+        out = run_tool([nvcc, "--version"])[1]
     except OSError as e:
         raise KernelCompileError("kernels", (), f"cannot run {nvcc} --version: {e}") from None
     lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
@@ -204,37 +207,113 @@ def nvcc_toolchain(nvcc: str) -> str:
 def nvcc_archs(nvcc: str) -> Optional[Tuple[int, ...]]:
     """`nvcc --list-gpu-arch` as SM numbers (None when this nvcc cannot list them)."""
     try:
-        out = subprocess.run([nvcc, "--list-gpu-arch"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             check=False)
+        code, out = run_tool([nvcc, "--list-gpu-arch"])
     except OSError:
         return None
-    archs = tuple(int(a) for a in re.findall(r"compute_(\d+)", out.stdout.decode("utf-8", "replace")))
-    return archs if out.returncode == 0 and archs else None
+    archs = tuple(int(a) for a in re.findall(r"compute_(\d+)", out))
+    return archs if code == 0 and archs else None
 
 
 def nvcc_cubin(source: str, source_name: str, options: Sequence[str], arch: int, nvcc: str) -> bytes:
-    """`nvcc -cubin -arch=sm_XX` with the NVRTC options translated (nvcc_args)."""
+    """`nvcc -cubin -arch=sm_XX` with the NVRTC options translated (nvcc_args). Its source, its cubin and
+    nvcc's own temporaries ($TMPDIR) live in one temporary folder, removed however the call ends."""
     archs = nvcc_archs(nvcc)
     if archs is not None and int(arch) not in archs:
         raise ArchUnsupported(source_name, tuple(options),
                               f"{nvcc_toolchain(nvcc)} cannot target sm_{arch} (it builds {_span(archs)})")
     nv = nvcc_args([o for o in options if not o.startswith(("-arch=", "--gpu-architecture="))]
                    + [f"--gpu-architecture=sm_{int(arch)}"], source_name)
-    with tempfile.TemporaryDirectory(prefix="jetson-unet-nvcc-") as tmp:
+    with _sigterm_exits(), tempfile.TemporaryDirectory(prefix="jetson-unet-nvcc-") as tmp:
         src, out = os.path.join(tmp, source_name), os.path.join(tmp, "module.cubin")
         with open(src, "w") as f:
             f.write(source)
         cmd = [nvcc, "-cubin", f"-arch={nv.arch}", *nv.options, *("-I" + d for d in nv.include_dirs), "-o", out, src]
         try:
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+            code, log = run_tool(cmd, tmp)
         except OSError as e:
             raise KernelCompileError(source_name, tuple(cmd[1:]), f"cannot run {nvcc}: {e}") from None
-        log = r.stdout.decode("utf-8", "replace")
-        if r.returncode != 0:
+        if code != 0:
             cls = ArchUnsupported if "Unsupported gpu architecture" in log else KernelCompileError
             raise cls(source_name, tuple(cmd[1:-3]), log.strip())
         with open(out, "rb") as f:
             return f.read()
+
+
+# ---- compiler processes: they end with the call ---------------------------------------------------------
+def run_tool(cmd: Sequence[str], tmpdir: Optional[str] = None) -> Tuple[int, str]:
+    """Run a compiler to its end: (exit code, stdout and stderr). It starts a process group of its
+    own, and the whole group (nvcc and its cicc, ptxas) is killed and waited for when the call ends
+    otherwise: Ctrl-C, SIGTERM (turned into SystemExit while it runs, where nothing else handles it),
+    any error. tmpdir: the tool's $TMPDIR (nvcc's temporaries go there)."""
+    env = None if tmpdir is None else dict(os.environ, TMPDIR=tmpdir, TMP=tmpdir, TEMP=tmpdir)
+    with _sigterm_exits():
+        proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            out, _ = proc.communicate()
+        except BaseException:
+            _end_group(proc)
+            raise
+    return proc.returncode, out.decode("utf-8", "replace")
+
+
+def _end_group(proc: "subprocess.Popen[bytes]", wait_s: float = 0.5) -> None:
+    """SIGKILL the process group of `proc`, reap `proc` and wait (up to wait_s) for the rest to go;
+    a second Ctrl-C or SIGTERM meanwhile waits until this is done."""
+    with _signals_held():
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (AttributeError, OSError):   # no process groups (Windows), or the group is gone
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        proc.wait()
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)       # members left (or zombies not yet reaped by init)
+            except (AttributeError, OSError):
+                return
+            time.sleep(0.01)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back from this thread while the block runs (where POSIX allows)."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    except (AttributeError, OSError, ValueError):
+        old = None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SystemExit(128 + 15) at the first SIGTERM; a repeat (timeout(1) signals twice) is let go: the
+    exit and its cleanup are under way."""
+    if not getattr(_exit_on_sigterm, "fired", False):
+        _exit_on_sigterm.fired = True   # type: ignore[attr-defined]
+        raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """While the block runs, SIGTERM raises SystemExit(128 + 15) (exit status 143, as the signal's)
+    so that the block's cleanup runs; only in the main thread, and only where SIGTERM still has its
+    default action (a CLI's or an application's own handler is left alone; nested blocks: the outer)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    _exit_on_sigterm.fired = False   # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _span(archs: Sequence[int]) -> str:

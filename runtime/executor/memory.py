@@ -279,7 +279,7 @@ def parse_budget(text: str) -> Budget:
         return BOARD_BUDGETS[text.strip().upper()]
     try:
         n = int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):   # 'abc', 'nan'; 'inf' and '1e999'
         n = 0
     if n <= 0:
         raise UsageError(f"--budget {text!r}: give 4GB or 8GB (Orin Nano boards) or a byte count such as 3000000000")

@@ -1,4 +1,9 @@
-"""Model config of `seed-unet` (see shared docs/model-spec.md): frozen, JSON round trip."""
+"""Model config of `seed-unet` (see shared docs/model-spec.md): frozen, JSON round trip.
+
+Every field is bounded (`BOUNDS`, each range with its reason): generous for any model a Jetson
+samples, tight enough that a corrupt or hostile config is refused here, with one `ConfigError`
+naming the field, its value and the range, never later as a MemoryError or an overflow.
+"""
 from __future__ import annotations
 
 import json
@@ -8,6 +13,35 @@ from typing import Any, Dict, Tuple
 from jetson_unet.errors import ConfigError
 
 ARCH = "seed-unet"
+
+# field: (lowest, highest, why). The numbers are inclusive; real numbers are checked as floats.
+BOUNDS: Dict[str, Tuple[float, float, str]] = {
+    "image_size": (1, 1024, "H = W; one 1024 x 1024 map of 32 channels is already 128 MiB in float32"),
+    "channels": (1, 16, "gray, RGB, RGBA or a latent of up to 16 channels"),
+    "dim": (4, 512, "the base width, also the sinusoidal embedding's (even, so >= 4); the spec's is 32"),
+    "len(dim_mults)": (1, 6, "levels; 6 levels halve the image 5 times, to 1/32"),
+    "dim_mults[i]": (1, 16, "a level's width as a multiple of dim"),
+    "convnext_mult": (1, 8, "hidden width factor of a ConvNeXt block; the spec's is 2"),
+    "time_dim": (1, 4096, "width of the time embedding; the spec's is 4 * dim"),
+    "norm_eps": (1e-12, 0.1, "added to a variance: > 0 so a constant map does not divide by zero, "
+                             "small against the variance of O(1) activations"),
+    "schedule.timesteps": (2, 10000, "T; DDPM used 1000, and every step costs memory in the schedule tables"),
+    "schedule.beta_start": (1e-6, 0.1, "noise of the first step, before the 1000/T scaling; the spec's is 1e-4"),
+    "schedule.beta_end": (1e-5, 1.0, "noise of the last step, before the 1000/T scaling; the spec's is 0.02"),
+}
+# Derived from the fields, checked by the plan that counts them: the parameter count (an SD-1.5-sized
+# U-Net has 0.86e9; more than this is 4 GB of float32 weights, beyond any Jetson's memory).
+MAX_PARAMS = 1_000_000_000
+
+
+def check_bound(key: str, value: Any, integer: bool = True, name: str = "") -> None:
+    """Raise ConfigError unless `value` is an integer (or a real number) within BOUNDS[key]."""
+    lo, hi, why = BOUNDS[key]
+    name = name or key
+    number = type(value) is int or (not integer and type(value) is float)
+    if not number or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"config: {name} = {value!r} is out of range: must be {kind} in [{lo:g}, {hi:g}] ({why})")
 
 
 @dataclass(frozen=True)
@@ -19,13 +53,15 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.kind != "linear":
-            raise ConfigError(f"schedule.kind {self.kind!r} is not supported (only 'linear')")
-        if type(self.timesteps) is not int or self.timesteps < 2:
-            raise ConfigError(f"schedule.timesteps must be an integer >= 2, got {self.timesteps!r}")
-        if not 0.0 < self.beta_start < self.beta_end:
-            raise ConfigError(f"schedule needs 0 < beta_start < beta_end, got {self.beta_start}, {self.beta_end}")
+            raise ConfigError(f"config: schedule.kind = {self.kind!r} is not supported (only 'linear')")
+        check_bound("schedule.timesteps", self.timesteps)
+        check_bound("schedule.beta_start", self.beta_start, integer=False)
+        check_bound("schedule.beta_end", self.beta_end, integer=False)
+        if not self.beta_start < self.beta_end:
+            raise ConfigError(f"config: schedule needs beta_start < beta_end, got {self.beta_start}, {self.beta_end}")
         if self.beta_end * 1000.0 / self.timesteps >= 1.0:
-            raise ConfigError("schedule: the largest scaled beta must be < 1")
+            raise ConfigError(f"config: schedule.beta_end = {self.beta_end} scaled by 1000/T (T = {self.timesteps}) "
+                              "must stay < 1 (alpha > 0)")
 
 
 @dataclass(frozen=True)
@@ -41,27 +77,26 @@ class UNetConfig:
     schedule: Schedule = field(default_factory=Schedule)
 
     def __post_init__(self) -> None:
-        # Accept lists from JSON but store tuples so the config stays hashable.
-        if isinstance(self.dim_mults, (str, bytes)) or not hasattr(self.dim_mults, "__iter__"):
-            raise ConfigError(f"dim_mults must be a list of integers, got {self.dim_mults!r}")
-        if any(type(m) is not int for m in self.dim_mults):
-            raise ConfigError(f"dim_mults must be integers, got {list(self.dim_mults)}")
-        object.__setattr__(self, "dim_mults", tuple(self.dim_mults))
         if self.arch != ARCH:
-            raise ConfigError(f"arch {self.arch!r} is not supported (only {ARCH!r})")
+            raise ConfigError(f"config: arch = {self.arch!r} is not supported (only {ARCH!r})")
+        if not isinstance(self.schedule, Schedule):
+            raise ConfigError(f"config: schedule must be a Schedule, got {type(self.schedule).__name__}")
+        if not isinstance(self.dim_mults, (list, tuple)):
+            raise ConfigError(f"config: dim_mults must be a list of integers, got {self.dim_mults!r}")
+        # Accept lists from JSON but store tuples so the config stays hashable.
+        object.__setattr__(self, "dim_mults", tuple(self.dim_mults))
+        check_bound("len(dim_mults)", len(self.dim_mults))
+        for i, m in enumerate(self.dim_mults):
+            check_bound("dim_mults[i]", m, name=f"dim_mults[{i}]")
         for name in ("image_size", "channels", "dim", "convnext_mult", "time_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if len(self.dim_mults) < 1 or min(self.dim_mults) < 1:
-            raise ConfigError(f"dim_mults must be positive integers, got {list(self.dim_mults)}")
-        if self.dim % 2 or self.dim < 4:
-            raise ConfigError(f"dim must be even and >= 4 (sinusoidal embedding), got {self.dim}")
+            check_bound(name, getattr(self, name))
+        check_bound("norm_eps", self.norm_eps, integer=False)
+        if self.dim % 2:
+            raise ConfigError(f"config: dim = {self.dim} must be even (sinusoidal embedding)")
         factor = 2 ** (len(self.dim_mults) - 1)
         if self.image_size % factor:
-            raise ConfigError(f"image_size {self.image_size} must be divisible by {factor}")
-        if not self.norm_eps > 0:
-            raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps}")
+            raise ConfigError(f"config: image_size = {self.image_size} must be a multiple of {factor} "
+                              f"(halved {len(self.dim_mults) - 1} times)")
 
     @property
     def dims(self) -> Tuple[int, ...]:
@@ -101,10 +136,7 @@ class UNetConfig:
         s_unknown = sorted(set(sched) - s_known)
         if s_unknown:
             raise ConfigError(f"unknown schedule field(s): {', '.join(s_unknown)}")
-        try:
-            return cls(schedule=Schedule(**sched), **d)
-        except TypeError as e:  # wrong value types reach the dataclass constructor
-            raise ConfigError(f"invalid config: {e}") from None
+        return cls(schedule=Schedule(**sched), **d)
 
     @classmethod
     def from_json(cls, text: str) -> "UNetConfig":

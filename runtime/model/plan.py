@@ -21,7 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from jetson_unet.model.config import UNetConfig
+from jetson_unet.errors import ConfigError
+from jetson_unet.model.config import MAX_PARAMS, UNetConfig
 
 CONV, GATE, CAT, TIME_EMBED, TIME_PROJ = "conv", "gate", "cat", "time_embed", "time_proj"
 TIME_KINDS = (TIME_EMBED, TIME_PROJ)
@@ -204,7 +205,11 @@ def build_plan(cfg: UNetConfig) -> Plan:
             x = b.conv(f"ups.{j}.up.conv", x, i, 3)
     x = b.block("final_block", b.cat("final.cat", x, r), 2 * cfg.dim, cfg.dim)
     b.conv("final_conv", x, cfg.channels, 1, out="eps")
-    return Plan(cfg, b.tensors, tuple(b.ops), tuple(b.time_ops), b.params)
+    plan = Plan(cfg, b.tensors, tuple(b.ops), tuple(b.time_ops), b.params)
+    if plan.n_params > MAX_PARAMS:
+        raise ConfigError(f"config: {plan.n_params:,} parameters (dim, dim_mults, convnext_mult, time_dim) "
+                          f"exceed {MAX_PARAMS:,}, more than a Jetson holds")
+    return plan
 
 
 def param_shapes(cfg: UNetConfig) -> "OrderedDict[str, Tuple[int, ...]]":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.errors import ConfigError
+from jetson_unet.files import atomic_open
 from jetson_unet.paths import shipped_tiles_dir, user_tiles_dir
 from jetson_unet.model.plan import CONV, GATE, Op
 from jetson_unet.ops.conv_halo import HALO_STAGES, conv_geom, halo_problems
@@ -152,9 +153,8 @@ def dump_tiles(path: Path, tiles: Mapping[str, TileChoice], meta: Mapping[str, A
     doc = dict(meta)
     doc["format"] = FORMAT
     doc["tiles"] = {name: dataclasses.asdict(t) for name, t in sorted(tiles.items())}
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
+    with atomic_open(Path(path), "w") as f:
+        f.write(json.dumps(doc, indent=1) + "\n")
 
 
 def load_tiles(path: Path, precision: str, batch: int, sms: int, config: Any = None) -> Dict[str, TileChoice]:

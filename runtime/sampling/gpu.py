@@ -51,6 +51,21 @@ class GpuRunError(RuntimeErrorBase):
     """A CUDA error while sampling (surfaced at the next synchronization point)."""
 
 
+DEVICE_ERROR_PACKAGES = ("cupy", "cupy_backends", "cupyx", "pycuda", "cuda")   # whose exceptions are CUDA's
+
+
+def device_error(e: BaseException, doing: str) -> Optional[GpuRunError]:
+    """A CUDA error raised by the backend's library (CuPy, pycuda), or an out-of-memory, as one
+    GpuRunError line; None for anything else (a bug keeps its traceback)."""
+    package = (type(e).__module__ or "").split(".")[0]
+    if isinstance(e, RuntimeErrorBase) or not (isinstance(e, MemoryError) or package in DEVICE_ERROR_PACKAGES):
+        return None
+    text = " ".join(str(e).split()) or "(no message)"
+    oom = isinstance(e, MemoryError) or "out of memory" in text.lower()
+    return GpuRunError(f"{'out of memory' if oom else 'CUDA error'} while {doing} on the GPU: "
+                       f"{type(e).__name__}: {text[:300]}")
+
+
 @contextmanager
 def nvtx(backend: Backend, name: str) -> Iterator[None]:
     """An NVTX range (Nsight Systems on a Jetson shows the phases)."""

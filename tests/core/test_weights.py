@@ -1,7 +1,7 @@
 """Weights format: round trip, and every validation case with its typed error.
 
 Bad files are built by hand (np.savez plus a manifest constructed here, hashed with
-`content_hash`), so each case has exactly one defect and the error must name it: the file and,
+`file_hash`), so each case has exactly one defect and the error must name it: the file and,
 where a tensor is at fault, the first offending tensor in the plan's order.
 """
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 from jetson_unet.model.config import UNetConfig
 from jetson_unet.errors import (WeightsDtypeError, WeightsError, WeightsFileError, WeightsFormatError,
                                 WeightsHashError, WeightsNameError, WeightsShapeError, WeightsValueError)
-from jetson_unet.model.plan import param_shapes
-from jetson_unet.model.weights import MANIFEST_KEY, content_hash, load_weights, random_params, save_weights
+from jetson_unet.model.plan import build_plan, param_shapes
+from jetson_unet.model.weights import (MANIFEST_KEY, content_hash, file_hash, load_weights, random_params,
+                                       save_weights)
 
 # The conftest's tiny config, spelled out (conftest is not importable under every import mode).
 TINY = UNetConfig(image_size=16, dim=8, dim_mults=(1, 2), time_dim=32)
@@ -30,10 +31,13 @@ def params(rng) -> dict:
 
 
 def manifest_for(arrays: dict, dtype: str = "float32", cfg: UNetConfig = TINY, **override) -> dict:
+    """A valid manifest of `arrays`, then `override`; hashed after the override (a defect in a field
+    is then that defect, not a hash mismatch) unless the override sets content_hash itself."""
     m = {"format": "seed-unet-weights", "format_version": 1, "config": cfg.to_dict(),
          "schedule": cfg.to_dict()["schedule"], "param_dtype": dtype,
-         "content_hash": content_hash(arrays), "n_params": int(sum(a.size for a in arrays.values()))}
+         "n_params": build_plan(cfg).n_params}
     m.update(override)
+    m.setdefault("content_hash", file_hash(m, arrays))
     return m
 
 
@@ -80,7 +84,7 @@ def test_round_trip(tmp_path, params, dtype):
     assert w.manifest == manifest
     assert (manifest["format"], manifest["format_version"], manifest["param_dtype"]) == \
         ("seed-unet-weights", 1, dtype)
-    assert manifest["content_hash"] == content_hash(w.params) and manifest["content_hash"].startswith("sha256:")
+    assert manifest["content_hash"] == file_hash(manifest, w.params) and manifest["content_hash"].startswith("sha256:")
     assert manifest["n_params"] == sum(a.size for a in params.values())
     assert UNetConfig.from_dict(manifest["config"]) == TINY and w.param_dtype == dtype
 

@@ -304,17 +304,15 @@ def test_weight_upload_early_start(early):
 
 def test_images_past_the_kernels_division_range_are_refused():
     """The GEMM kernels' set-up divides with div_small (exact below 2^22): a 2048 x 2048 image has
-    2^22 pixels per sample and is refused before anything is built; 1024 x 1024 is not."""
+    2^22 pixels per sample; the config's bound (1024) refuses it before any plan, and 1024 x 1024
+    stays within the kernels' range."""
     from jetson_unet.errors import ConfigError
     from jetson_unet.model.plan import build_plan
-    for size, ok in ((1024, True), (2048, False)):
-        plan = build_plan(UNetConfig(image_size=size))
-        gemm = [op for op in plan.ops if op.kind == CONV and op.x != plan.input and op.groups == 1]
-        if ok:
-            assert kernel_kind(gemm[0], plan) == "gemm"
-        else:
-            with pytest.raises(ConfigError, match="4194304 pixels per sample"):
-                kernel_kind(gemm[0], plan)
+    plan = build_plan(UNetConfig(image_size=1024))
+    gemm = [op for op in plan.ops if op.kind == CONV and op.x != plan.input and op.groups == 1]
+    assert kernel_kind(gemm[0], plan) == "gemm"
+    with pytest.raises(ConfigError, match="image_size = 2048 is out of range"):
+        UNetConfig(image_size=2048)
 
 
 @pytest.mark.parametrize("batch", [1, 16])

@@ -178,7 +178,7 @@ def test_usage_errors_are_one_line_and_exit_2_before_any_gpu_work(capsys, monkey
         raise AssertionError("a usage error must come before the backend")
 
     monkeypatch.setattr(tune, "get_backend", no_gpu)
-    for argv, msg in [(["--split-top", "0"], "--split-top must be at least 1, got 0"),
+    for argv, msg in [(["--split-top", "0"], "--split-top must be >= 1, got 0"),
                       (["--batch", "0"], "--batch must be >= 1, got 0"),
                       (["--mt", "2"], "unrecognized arguments: --mt 2"),
                       (["--precision", "fp8"], "argument --precision: invalid choice")]:
