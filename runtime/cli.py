@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, formatter_class=_Help,
                 description="Generate images with a seed-unet diffusion model (GPU through CuPy or pycuda, "
                             "or the NumPy reference on the CPU).")
-    p.add_argument("--weights", default=str(default_weights_path()), help="model .npz (the shipped model by default)")
+    p.add_argument("--weights", default=str(default_weights_path()),
+                   help="model .safetensors or .npz (the shipped model by default)")
     p.add_argument("--out", default="samples.png", help="PNG grid to write")
     p.add_argument("--save-each", metavar="DIR", default=None,
                    help="also write each image as DIR/NNN.png (DIR must exist)")
@@ -143,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--arch", nargs="+", default=None,
                    help="--prepare targets: 87, sm_87, 72, native (default: native with a GPU here, else 87)")
     g.add_argument("--sms", type=number("--sms", 1), nargs="+", default=None,
-                   help="SM counts the tiles are chosen for (--prepare: per arch, 87 -> 4 8, 72 -> 6 8; "
-                        "--plan-only: one, default 8)")
+                   help="SM counts the tiles are chosen for: sampling runs on a slice of that many SMs (a CUDA "
+                        "green context, CuPy; one value); --prepare: per arch, 87 -> 4 8, 72 -> 6 8; --plan-only: one, "
+                        "default 8")
     g.add_argument("--compiler", choices=COMPILERS, default="auto",
                    help="--prepare: auto = NVRTC through CuPy when importable (for an arch it cannot target, "
                         "e.g. 72 on CUDA 13, the pip package nvidia-cuda-nvrtc-cu11/-cu12 when installed), else "
@@ -247,10 +249,11 @@ def sample_main(argv: Optional[Sequence[str]] = None) -> int:
             return prepare_main(args)
         if args.plan_only:
             return plan_main(args)
-        for flag, value in (("--arch", args.arch), ("--sms", args.sms), ("--budget", args.budget)):
+        for flag, value in (("--arch", args.arch), ("--budget", args.budget)):
             if value is not None:
                 raise UsageError(f"{flag} goes with --prepare or --plan-only")
         args.batch = _single(args.batch, None if args.seeds else 4, "--batch")
+        args.sms = _single(args.sms, None, "--sms")
         args.precision = _single(args.precision, "auto", "--precision")
         if args.seeds and args.seed is not None:
             raise UsageError("--seed and --seeds: give one or the other")
@@ -268,7 +271,7 @@ def _sample(args: argparse.Namespace) -> int:
     weights = _load_weights(args.weights)    # validate everything before any long work
     n_steps = len(make_steps(weights.config.schedule, args.sampler, args.steps, args.eta))
     with Pipeline(weights, backend=args.backend, precision=args.precision, mode=args.mode,
-                  graphs=not args.no_graphs, noise=args.noise) as pipe:
+                  graphs=not args.no_graphs, noise=args.noise, sms=args.sms) as pipe:
         timeline = None
         if trace is not None:
             if pipe.backend == "numpy":   # --backend auto without a GPU
@@ -354,7 +357,7 @@ def _gpu_precisions(values: Optional[Sequence[str]], default: Tuple[str, ...]) -
 def _load_weights(path: str) -> Any:
     if path == str(default_weights_path()) and not Path(path).is_file():
         raise UsageError(f"no shipped model at {path}; pass --weights PATH, or make random weights "
-                         "with `jetson-weights random model.npz` (or train one: tools/train.py)")
+                         "with `jetson-weights random model.safetensors` (or train one: tools/train.py)")
     from jetson_unet.model.weights import load_weights
     return load_weights(path)
 
@@ -377,21 +380,26 @@ def _cache_env(root: Optional[str]) -> Iterator[None]:
 
 def _backend_of(pipe) -> object:
     from jetson_unet.backends import get_backend
-    return get_backend(pipe.backend)
+    return get_backend(pipe.backend, pipe.sms)
 
 
 def weights_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="jetson-weights", formatter_class=_Help,
-                description="Make randomly initialized weights for any config, or validate and describe a file.")
+                description="Make randomly initialized weights for any config, validate and describe a file, or "
+                            "convert one between .safetensors and .npz.")
     add_verbosity(p)
-    sub = p.add_subparsers(dest="cmd", metavar="{random,info}")
+    sub = p.add_subparsers(dest="cmd", metavar="{random,info,convert}")
     r = sub.add_parser("random", help="write random weights", formatter_class=_Help)
-    r.add_argument("out", metavar="OUT", help="the .npz to write (missing folders are made)")
+    r.add_argument("out", metavar="OUT", help="the .safetensors or .npz to write (missing folders are made)")
     r.add_argument("--config", default=None, help="config JSON file (default: the spec's defaults)")
     r.add_argument("--seed", type=seed_number("--seed"), default=0, help="seed of the random values")
     r.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="parameter dtype")
     i = sub.add_parser("info", help="validate a weights file and print its manifest")
     i.add_argument("path")
+    c = sub.add_parser("convert", help="validate a weights file and write it in the format of DST's extension "
+                                       "(.safetensors or .npz), manifest and content hash kept")
+    c.add_argument("src", metavar="SRC")
+    c.add_argument("dst", metavar="DST", help="the .safetensors or .npz to write (missing folders are made)")
     return p
 
 
@@ -403,17 +411,28 @@ def weights_main(argv: Optional[Sequence[str]] = None) -> int:
         p.print_help(sys.stderr)
         return 2
     from jetson_unet.model.config import UNetConfig
-    from jetson_unet.model.weights import load_weights, random_params, save_weights
+    from jetson_unet.model.weights import (convert_weights, load_weights, random_params, save_weights,
+                                           weights_format)
+    if args.cmd in ("random", "convert"):   # the output's format and location, before any work
+        flag, out = ("OUT", args.out) if args.cmd == "random" else ("DST", args.dst)
+        if weights_format(out) is None:
+            raise UsageError(f"{flag} {out} must end in .safetensors or .npz (the format it is written in)")
+        check_writable(out, flag, create=True)
     if args.cmd == "random":
-        check_writable(args.out, "OUT", create=True)
         cfg = UNetConfig() if args.config is None else UNetConfig.from_json(_read_text(args.config))
         with writing(args.out):
             save_weights(args.out, cfg, random_params(cfg, args.seed), dtype=args.dtype)
         print(f"wrote {args.out} (random, seed {args.seed}, {args.dtype})")
+    elif args.cmd == "convert":
+        with writing(args.dst):
+            w = convert_weights(args.src, args.dst)
+        print(f"wrote {args.dst} ({weights_format(args.dst)}, from {w.file_format} {args.src}, "
+              f"{w.manifest['content_hash']})")
     else:
         w = load_weights(args.path)
         m = w.manifest
-        print(f"{args.path}: ok, {m['n_params']:,} parameters, {m['param_dtype']}, {m['content_hash']}")
+        print(f"{args.path}: ok, {w.file_format}, {m['n_params']:,} parameters, {m['param_dtype']}, "
+              f"{m['content_hash']}")
         print(w.config.to_json())
     return 0
 

@@ -35,7 +35,7 @@ class WeightsError(RuntimeErrorBase):
 
 
 class WeightsFileError(WeightsError):
-    """Unreadable, truncated or not an .npz."""
+    """Unreadable, truncated, or not a .safetensors or .npz weights file."""
 
 
 class WeightsFormatError(WeightsError):

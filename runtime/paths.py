@@ -34,6 +34,12 @@ def shipped_tiles_dir() -> Path:
     return Path(__file__).resolve().parent / "tiles"
 
 
+def shipped_cubins_dir() -> Path:
+    """The cubins of the shipped model, built at release time (`python -m tools.build_kernels`), shipped
+    as package data `jetson_unet.cubins` and read-only to the loader."""
+    return Path(__file__).resolve().parent / "cubins"
+
+
 def _user_cache(environ: Mapping[str, str]) -> Path:
     """$XDG_CACHE_HOME (or ~/.cache)/jetson-unet."""
     return Path(environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "jetson-unet"

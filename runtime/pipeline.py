@@ -41,7 +41,7 @@ GPU_BACKENDS = ("cupy", "pycuda")   # auto tries them in this order
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp64")
 NUMPY_PRECISIONS = {"fp32": np.float32, "fp64": np.float64}
 GPU_PRECISIONS = ("fp32", "fp16", "bf16")
-DEFAULT_MODEL = "seed-unet-emoji64.npz"
+DEFAULT_MODEL = "seed-unet-emoji64.safetensors"
 MODES = ("auto", "gpu", "cpu")
 DEFAULT_GPU_MODE = "gpu"     # chosen by measurement: see the README's performance section
 NOISE_CHOICES = ("auto",) + NOISE_SOURCES
@@ -121,12 +121,15 @@ def default_weights_path() -> Path:
 class Pipeline:
     def __init__(self, weights: Union[str, Path, Weights, None] = None, backend: str = "auto",
                  precision: str = "auto", mode: str = "auto", graphs: bool = True,
-                 noise: str = DEFAULT_NOISE, policy: KernelPolicy = KernelPolicy()) -> None:
+                 noise: str = DEFAULT_NOISE, policy: KernelPolicy = KernelPolicy(),
+                 sms: Optional[int] = None) -> None:
         """weights: a path (default: the shipped model) or loaded Weights; backend: auto, numpy, cupy,
         pycuda; precision: auto (fp16 on a GPU, fp32 on the CPU), fp32, fp16, bf16, fp64 (numpy);
         mode: gpu (the sampler step in the U-Net's last kernel, CUDA-graph steps) or cpu (p_sample on
         the CPU, overlapped); noise: where the seed's noise stream is drawn on a GPU (auto, host,
-        device); policy: how the GPU kernels are picked (jetson_unet.ops.policy.KernelPolicy)."""
+        device); policy: how the GPU kernels are picked (jetson_unet.ops.policy.KernelPolicy); sms: run
+        on a slice of that many SMs (a CUDA green context, CuPy only: jetson_unet.backends.greenctx),
+        with the tiles for that SM count."""
         if weights is not None and not isinstance(weights, (str, os.PathLike, Weights)):
             raise UsageError(f"weights must be a path, a loaded Weights or None (the shipped model), got {_show(weights)}")
         self.mode = DEFAULT_GPU_MODE if _choice(mode, MODES, "mode") == "auto" else mode
@@ -139,6 +142,9 @@ class Pipeline:
         if noise == "device" and (self.mode != "gpu" or backend == "numpy"):
             raise UsageError("device noise goes with a GPU backend in gpu mode")
         self.noise, self.policy = noise, policy
+        self.sms = None if sms is None else _integer("sms", sms, 1)
+        if self.sms is not None and (backend not in ("auto", "cupy") or precision == "fp64"):
+            raise UsageError(f"an SM slice (sms) needs the cupy backend, not {backend} {precision}")
         if backend == "numpy" and precision in ("fp16", "bf16"):
             raise UsageError(f"the numpy backend computes in fp32 or fp64, not {precision}")
         if backend in GPU_BACKENDS and precision == "fp64":
@@ -157,13 +163,16 @@ class Pipeline:
         if backend != "numpy" and precision != "fp64":
             from jetson_unet.backends import get_backend
             reasons = []
-            for name in (GPU_BACKENDS if backend == "auto" else (backend,)):
+            names = (backend,) if backend != "auto" else ("cupy",) if self.sms else GPU_BACKENDS
+            for name in names:
                 try:
-                    get_backend(name)
+                    be = get_backend(name, self.sms)
+                    if self.sms is not None:
+                        log.info("SM slice: %s", be.slice.describe())
                     self._gpu_precision = "fp16" if precision == "auto" else precision
                     return name, self._gpu_precision
                 except (BackendUnavailable, ImportError) as e:
-                    if backend != "auto":
+                    if backend != "auto" or self.sms is not None:
                         raise BackendUnavailable(str(e)) from None
                     reasons.append(f"{name}: {e}")
             log.debug("GPU backends not usable: %s", "; ".join(reasons))
@@ -181,7 +190,7 @@ class Pipeline:
             self._drop_engine()
             from jetson_unet.backends import get_backend
             from jetson_unet.sampling.gpu import GpuSampler
-            be = get_backend(self.backend)
+            be = get_backend(self.backend, self.sms)
             if self._stream is None:   # kept across batch sizes (GpuSampler's stream argument says why)
                 self._stream = be.stream()
             self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs,

@@ -144,6 +144,8 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
             "batch": batch, "graph_ms_heuristic": base_ms, "graph_ms_tuned": tuned_ms, "eps_rel_l2": rel,
             "op_us": {n: {"heuristic": heur[n], "tuned": best[n][0]} for n in names},
             "variant_us": {label: rec}, "measured_by": command}
+    if getattr(backend, "slice", None) is not None:   # tiles for a small GPU, measured on a large one's slice
+        meta["measured_on"] = f"a green-context slice of {backend.slice.describe()}"
     path = out_dir / file_name(meta["device"], sms, precision, batch)
     with writing(path):
         dump_tiles(path, tiles, meta)
@@ -162,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="also write the measurements to this JSON file")
     p.add_argument("--split-top", type=number("--split-top", 1), default=3, metavar="N",
                    help="time the split-K factors of each op's N fastest tile shapes (default: 3)")
+    p.add_argument("--sms", type=number("--sms", 1), default=None,
+                   help="tune on a slice of N SMs (a CUDA green context): tiles for an N-SM GPU such as the Orin Nano")
     add_verbosity(p)
     return p
 
@@ -179,7 +183,7 @@ def tune_main(argv: Optional[Sequence[str]] = None) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
 
-    backend = get_backend("cupy")
+    backend = get_backend("cupy", args.sms)
     weights, _ = bench_weights()
     plan, sms = build_plan(weights.config), backend.sm_count()
     per_batch, extra = {}, set()

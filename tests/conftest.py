@@ -58,7 +58,7 @@ def _saved(factory: pytest.TempPathFactory, cfg: UNetConfig, name: str, seed: in
 @pytest.fixture(scope="session")
 def tiny_weights_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Random float32 weights of TINY, written once per session with `save_weights`."""
-    return _saved(tmp_path_factory, TINY, "tiny.npz", seed=11)
+    return _saved(tmp_path_factory, TINY, "tiny.safetensors", seed=11)
 
 
 @pytest.fixture(scope="session")

@@ -136,7 +136,7 @@ def print_table(rows: List[dict], ours_eps16: float, device: str, args: argparse
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--weights", default=None, help="model .npz (default: the shipped model, else random)")
+    ap.add_argument("--weights", default=None, help="weights file (default: the shipped model, else random)")
     ap.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
     ap.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm", help="loop sampler (default: ddpm)")
     ap.add_argument("--steps", type=int, default=None, help="DDIM steps (default: T)")
@@ -160,7 +160,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"bench_peers: PyTorch is not importable ({e}); install the extra: pip install -e '.[train]'")
     from jetson_unet.backends import get_backend
     device = get_backend("cupy").device_name()
-    path = args.weights or str(models_dir() / "seed-unet-emoji64.npz")
+    path = args.weights or str(models_dir() / "seed-unet-emoji64.safetensors")
     c = _weights(path).config
     x = np.random.default_rng(args.seed).standard_normal((args.batch, c.channels, c.image_size, c.image_size))
     x = x.astype(np.float32)

@@ -106,7 +106,7 @@ def first_step_job(path: str, precision: str, early: bool) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--weights", default=str(models_dir() / "seed-unet-emoji64.npz"))
+    ap.add_argument("--weights", default=str(models_dir() / "seed-unet-emoji64.safetensors"))
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--repeat", type=int, default=3)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a torch-vs-runtime parity fixture: PyTorch float64 outputs of the spec'd U-Net.
 
-    python -m tools.make_parity_fixture --weights weights/seed-unet-emoji64.npz
+    python -m tools.make_parity_fixture --weights weights/seed-unet-emoji64.safetensors
         -> tests/fixtures/parity.npz
     python -m tools.make_parity_fixture --random-seed 0 --out tests/fixtures/parity_random.npz
         -> random weights (jetson_unet.model.weights.random_params) of a small config, so CI checks
@@ -46,7 +46,7 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--weights", help="a seed-unet weights .npz (runtime format)")
+    src.add_argument("--weights", help="a seed-unet weights file (.safetensors or .npz)")
     src.add_argument("--random-seed", type=int, help="random weights of a small config instead")
     ap.add_argument("--out", default=None, help="default: tests/fixtures/parity.npz (parity_random.npz with --random-seed)")
     ap.add_argument("--seed", type=int, default=1234, help="seed of the inputs x (default: %(default)s)")

@@ -92,7 +92,7 @@ def plot(doc: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--weights", default=str(models_dir() / "seed-unet-emoji64.npz"))
+    ap.add_argument("--weights", default=str(models_dir() / "seed-unet-emoji64.safetensors"))
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     ap.add_argument("--steps", type=int, nargs="+", default=[5, 10, 15, 20, 25, 50])
     ap.add_argument("--json", default=None, help="write (and resume) the per-seed results here")

@@ -10,7 +10,7 @@ The whole dataset lives on the device as uint8; batches are random indices + fli
 there is no loader to tune. `--minutes` is a wall-clock budget for the WHOLE process: training
 stops `--reserve-s` seconds early so the export, preview and plot finish inside it.
 
-OUT gets: model.npz (EMA weights, written by jetson_unet.model.weights.save_weights), loss.csv
+OUT gets: model.safetensors (EMA weights, written by jetson_unet.model.weights.save_weights), loss.csv
 (step, loss, ema_loss, seconds), loss.png (if matplotlib is there), samples.png (DDPM samples
 of the EMA model, seeds 0.., drawn with the runtime's own noise stream and step coefficients),
 and ckpt.pt (resumable with --resume; ~4x the fp32 model size, disable with --ckpt-every 0).
@@ -64,7 +64,7 @@ def parse_args(argv: list | None) -> argparse.Namespace:
     a("--log-every", type=int, default=100, help="steps between loss rows / prints (default: %(default)s)")
     a("--ckpt-every", type=int, default=2000, help="steps between checkpoints; 0: none at all (default: %(default)s)")
     a("--resume", nargs="?", const="", default=None, help="resume from CKPT (default path: OUT/ckpt.pt)")
-    a("--export-dtype", choices=("float16", "float32"), default="float16", help="model.npz dtype (default: %(default)s)")
+    a("--export-dtype", choices=("float16", "float32"), default="float16", help="exported weights dtype (default: %(default)s)")
     a("--preview", type=int, default=16, help="DDPM samples in samples.png; 0: none (default: %(default)s)")
     a("--smoke", action="store_true", help="tiny config, synthetic data, CPU, 4 steps (a quick end-to-end test)")
     args = ap.parse_args(argv)
@@ -249,7 +249,7 @@ def train(tr: Trainer, data: torch.Tensor, log: LossLog, ckpt: str) -> str:
 
 def preview(tr: Trainer, out_png: str, n: int) -> None:
     """n DDPM samples of the EMA model through the runtime's sampler (spec noise stream, seed 0):
-    the runtime should draw the same pictures from model.npz, up to precision."""
+    the runtime should draw the same pictures from model.safetensors, up to precision."""
     from PIL import Image
 
     cfg, dev = tr.cfg, tr.device
@@ -296,10 +296,10 @@ def finish(tr: Trainer, log: LossLog, args: argparse.Namespace, n_images: int, r
              "ema": args.ema, "train_seconds": round(tr.seconds, 1), "dataset": os.path.basename(args.data),
              "dataset_images": n_images, "kinds": args.kinds or "all",
              "final_loss": log.rows[-1][1] if log.rows else None, "device": str(tr.device)}
-    manifest = save_weights(os.path.join(out, "model.npz"), tr.cfg, export_numpy_params(tr.ema),
+    manifest = save_weights(os.path.join(out, "model.safetensors"), tr.cfg, export_numpy_params(tr.ema),
                             dtype=args.export_dtype, extra=extra)
     print(f"stopped ({reason}) at step {tr.step} after {tr.seconds:.0f} s of training; wrote "
-          f"{out}/model.npz ({manifest['param_dtype']}, {manifest['content_hash'][:19]}...)", flush=True)
+          f"{out}/model.safetensors ({manifest['param_dtype']}, {manifest['content_hash'][:19]}...)", flush=True)
     if args.preview > 0:
         preview(tr, os.path.join(out, "samples.png"), args.preview)
         print(f"wrote {out}/samples.png ({args.preview} DDPM samples, seed 0)")

@@ -55,7 +55,8 @@ class CupyBackend:
     supports_graphs = True
     compiler = "nvrtc"   # CuPy's NVRTC binding (jetson_unet.build.compilers)
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, sms: Optional[int] = None) -> None:
+        """sms: run every stream in a green context of that many SMs (jetson_unet.backends.greenctx)."""
         try:
             import cupy
             import cupyx
@@ -71,6 +72,11 @@ class CupyBackend:
         self.cp, self.cpx, self.rt = cupy, cupyx, cupy.cuda.runtime
         self.device = cupy.cuda.Device(device)
         self.device.use()
+        self.slice = None
+        if sms is not None:
+            from jetson_unet.backends.greenctx import SmSlice
+            self.rt.free(self.rt.malloc(1))   # the primary context exists before the green one
+            self.slice = SmSlice(int(sms), self.device.id)
 
     # -- facts --------------------------------------------------------------------------
     def device_name(self) -> str:
@@ -81,6 +87,9 @@ class CupyBackend:
         return int(self.device.compute_capability)
 
     def sm_count(self) -> int:
+        """The SMs the work can use: the slice's, else the device's."""
+        if self.slice is not None:
+            return self.slice.sm_count
         return int(self.rt.getDeviceProperties(self.device.id)["multiProcessorCount"])
 
     def mem_info(self) -> Tuple[int, int]:
@@ -113,6 +122,8 @@ class CupyBackend:
 
     # -- streams, events, graphs -----------------------------------------------------------
     def stream(self) -> Any:
+        if self.slice is not None:
+            return self.cp.cuda.ExternalStream(self.slice.stream(), self.device.id)
         return self.cp.cuda.Stream(non_blocking=True)
 
     def event(self, timing: bool = True) -> "CupyEvent":

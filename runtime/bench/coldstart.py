@@ -8,14 +8,20 @@ process is):
 
     import_s      numpy, the runtime and the GPU backend's module (cupy / pycuda), imported here
     weights_s     Pipeline(...): weights read and validated, backend probed
-    load_s        Pipeline.load(batch): kernel modules (cubin cache, else compiled), arena,
-                  weights uploaded, sampler tables
+    load_s        Pipeline.load(batch): kernels_s + upload_s
+    kernels_s     its kernel modules: loaded (shipped cubins, else the cubin cache) or compiled
+    upload_s      the rest of it: weights packed and uploaded, arena, sampler tables
     first_step_s  from sample() to the callback of step 0 (it fires once step 0 has completed)
     image_s       the rest of the image, to sample()'s return
     total_s       from the first statement to the image; the phases sum to at most this
     ready_s       weights_s + load_s + first_step_s: time to the first step without the imports
                   (issue 8's goal: < 1 s with `--prepare`d cubins on an H100/H200)
     compiles      kernel modules compiled (the loader's compile notices)
+    kernels_from  where each module came from: "shipped", "cache" or "compiled"
+
+With --then-batch N the same Pipeline then samples a batch of N, as an application that changes its
+batch size: new_batch_load_s (Pipeline.load(N): its engine; new_batch_kernels_s of it for kernels
+not already in memory), new_batch_image_s (its image), new_batch_s (both) and new_batch_compiles.
 
 Errors print one line on stderr with jetson-sample's exit codes (2 usage/files, 1 mid-run).
 Method and the three cache states: docs/bench.md.
@@ -28,7 +34,7 @@ T0 = time.perf_counter()   # every later import is part of import_s
 
 import json  # noqa: E402
 import sys  # noqa: E402
-from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
+from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
 from jetson_unet import logs  # noqa: E402
 
@@ -42,7 +48,7 @@ def build_parser() -> Any:
     from jetson_unet.model.schedule import SAMPLERS
     from jetson_unet.pipeline import BACKEND_CHOICES, MODES, PRECISIONS
     p = _Parser(prog=PROG, description="Time a fresh process to its first step and image; one JSON line.")
-    p.add_argument("--weights", default=None, help="model .npz (default: the shipped model)")
+    p.add_argument("--weights", default=None, help="weights file (default: the shipped model)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     p.add_argument("--precision", choices=PRECISIONS, default="auto")
@@ -52,6 +58,9 @@ def build_parser() -> Any:
     p.add_argument("--steps", type=int, default=None, help="ddim and dpmpp-2m")
     p.add_argument("--eta", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sms", type=int, default=None, help="run on a slice of that many SMs")
+    p.add_argument("--then-batch", type=int, default=None, metavar="N",
+                   help="then sample a batch of N in the same Pipeline (a new batch size in a running one)")
     return p
 
 
@@ -83,24 +92,52 @@ def measure(args: Any, notes: List[str]) -> Dict[str, Any]:
         first.append(time.perf_counter())
 
     with Pipeline(args.weights, backend=args.backend, precision=args.precision, mode=args.mode,
-                  graphs=not args.no_graphs) as pipe:
+                  graphs=not args.no_graphs, sms=args.sms) as pipe:
         t_weights = time.perf_counter()
-        pipe.load(args.batch)
+        load_s, kernels_s, origins = timed_load(pipe, args.batch)
         t_load = time.perf_counter()
         pipe.sample(args.batch, args.steps, args.sampler, args.eta, args.seed, callback=on_step)
         t_end = time.perf_counter()
         backend, precision, mode = pipe.backend, pipe.precision, pipe.mode
-    t_first = first[0] if first else t_end
-    rec: Dict[str, Any] = {"import_s": t_import - T0, "weights_s": t_weights - t_import, "load_s": t_load - t_weights,
-                           "first_step_s": t_first - t_load, "image_s": t_end - t_first, "total_s": t_end - T0}
-    rec["ready_s"] = rec["weights_s"] + rec["load_s"] + rec["first_step_s"]   # unrounded: they sum to total_s
+        t_first = first[0] if first else t_end
+        rec: Dict[str, Any] = {"import_s": t_import - T0, "weights_s": t_weights - t_import,
+                               "load_s": t_load - t_weights, "kernels_s": kernels_s,
+                               "upload_s": max(0.0, load_s - kernels_s), "first_step_s": t_first - t_load,
+                               "image_s": t_end - t_first, "total_s": t_end - T0}
+        rec["ready_s"] = rec["weights_s"] + rec["load_s"] + rec["first_step_s"]   # unrounded: they sum to total_s
+        rec.update(compiles=count_compiles(notes), kernels_from=origins, kernel_notices=list(notes),
+                   backend=backend, precision=precision, mode=None if backend == "numpy" else mode,
+                   batch=args.batch, sampler=args.sampler, steps=len(first))
+        if args.then_batch:
+            rec.update(new_batch(pipe, args, notes))
+    return rec
+
+
+def timed_load(pipe: Any, batch: int) -> Tuple[float, float, List[str]]:
+    """Pipeline.load(batch): (its seconds, those of its kernel modules, where each module came from)."""
+    from jetson_unet.build.loader import LOADS
+    n, t0 = len(LOADS), time.perf_counter()
+    pipe.load(batch)
+    load_s, loads = time.perf_counter() - t0, LOADS[n:]
+    return load_s, sum((s for _, s in loads), 0.0), [origin for origin, _ in loads]
+
+
+def count_compiles(notes: Sequence[str]) -> int:
     from jetson_unet.build.loader import compile_notice
     prefix = compile_notice(0).split(" for ")[0]   # "compiling GPU kernels"
-    rec.update(compiles=sum(m.startswith(prefix) for m in notes),
-               kernel_notices=list(notes), backend=backend, precision=precision,
-               mode=None if backend == "numpy" else mode, batch=args.batch, sampler=args.sampler,
-               steps=len(first))
-    return rec
+    return sum(m.startswith(prefix) for m in notes)
+
+
+def new_batch(pipe: Any, args: Any, notes: List[str]) -> Dict[str, Any]:
+    """--then-batch N: the same Pipeline's first batch of N, its engine built first (Pipeline.load)."""
+    n_notes = len(notes)
+    load_s, kernels_s, _ = timed_load(pipe, args.then_batch)
+    t0 = time.perf_counter()
+    pipe.sample(args.then_batch, args.steps, args.sampler, args.eta, args.seed)
+    image_s = time.perf_counter() - t0
+    return {"new_batch": args.then_batch, "new_batch_load_s": load_s, "new_batch_kernels_s": kernels_s,
+            "new_batch_image_s": image_s, "new_batch_s": load_s + image_s,
+            "new_batch_compiles": count_compiles(notes[n_notes:])}
 
 
 def child_main(argv: Optional[Sequence[str]]) -> int:

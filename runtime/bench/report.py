@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from jetson_unet import __version__
+from jetson_unet.bench import sysfs
+from jetson_unet.bench.telemetry import interval_stats
 from jetson_unet.errors import UsageError
 from jetson_unet.files import output_set
 
@@ -101,11 +103,13 @@ def _command(cmd: List[str]) -> Optional[str]:
 
 
 def jetson_info() -> Dict[str, Any]:
-    """Board facts where present; `nvpmodel -q` only queries the power mode, never sets it."""
+    """Board facts where present; `nvpmodel -q` only queries the power mode, never sets it. Plus
+    `power_mode`, `jetson_clocks` and `gpu_clock_mhz` (jetson_unet.bench.sysfs.board_state)."""
     release = _read_text("/etc/nv_tegra_release")
+    query = _quiet(lambda: _command(["nvpmodel", "-q"]))
     return {"device_tree_model": _read_text("/proc/device-tree/model"),
             "nv_tegra_release": release.splitlines()[0] if release else None,
-            "nvpmodel": _quiet(lambda: _command(["nvpmodel", "-q"]))}
+            "nvpmodel": query, **sysfs.board_state("/", query)}
 
 
 def gpu_info(gpu: Any) -> Dict[str, Any]:
@@ -207,8 +211,8 @@ def telemetry_doc(tel: Any, origin: float) -> Dict[str, Any]:
         d = asdict(s)
         d["t"] = _shift(s.t, origin)
         samples.append(d)
-    return {"source": tel.source, "interval_s": tel.interval_s, "samples": samples,
-            "marks": [[label, _shift(t, origin)] for label, t in tel.marks]}
+    return {"source": tel.source, "interval_s": tel.interval_s, "interval_achieved": interval_stats(tel.samples),
+            "facts": tel.facts, "samples": samples, "marks": [[label, _shift(t, origin)] for label, t in tel.marks]}
 
 
 def assemble(args: Any, weights: Any, gpu: Any, tel: Any, origin: float, configs: List[dict],
@@ -362,7 +366,14 @@ def describe(doc: Dict[str, Any]) -> str:
     gpu, jet = s.get("gpu") or {}, s.get("jetson") or {}
     where = gpu.get("name") or f"CPU ({s.get('machine')}, {s.get('cpu_count')} cores)"
     board = f", {jet['device_tree_model']}" if jet.get("device_tree_model") else ""
-    return f"{where}{board}, telemetry {(doc.get('telemetry') or {}).get('source')}"
+    return f"{where}{board}{_power_state(jet)}, telemetry {(doc.get('telemetry') or {}).get('source')}"
+
+
+def _power_state(jet: Dict[str, Any]) -> str:
+    """", nvpmodel 15W, jetson_clocks off" from the board facts; "" where there are none."""
+    mode, jc = (jet.get("power_mode") or {}).get("name"), jet.get("jetson_clocks")
+    parts = ([f"nvpmodel {mode}"] if mode else []) + ([] if jc is None else [f"jetson_clocks {'on' if jc else 'off'}"])
+    return "".join(", " + p for p in parts)
 
 
 def print_table(doc: Dict[str, Any]) -> None:

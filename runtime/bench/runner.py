@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from jetson_unet import logs
 from jetson_unet.bench import coldstart, report
 from jetson_unet.cli import _Help, _Parser, _run, add_verbosity, number, seed_number, set_verbosity
-from jetson_unet.errors import BackendUnavailable, UsageError
+from jetson_unet.errors import BackendUnavailable, RuntimeErrorBase, UsageError
 from jetson_unet.files import check_writable
 from jetson_unet.pipeline import BACKEND_CHOICES, NUMPY_PRECISIONS, PRECISIONS, default_weights_path
 from jetson_unet.model.reference import Reference
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Benchmark sampling over a grid of configurations: latency, per-step GPU/CPU "
                             "breakdown, memory, power and energy per image, cold start. "
                             f"`{PROG} compare A.json B.json` prints two results side by side.")
-    p.add_argument("--weights", default=str(default_weights_path()), help="model .npz (the shipped model by default)")
+    p.add_argument("--weights", default=str(default_weights_path()), help="weights file (the shipped model by default)")
     p.add_argument("--batch", type=number("--batch", 1), nargs="+", default=[1], help="batch sizes")
     p.add_argument("--steps", type=number("--steps", 1), nargs="+", default=None,
                    help="step counts of ddim and dpmpp-2m (default: theirs; DDPM always runs T)")
@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu mode: draw the noise stream on the host or the GPU; auto = as jetson-sample "
                         "(device with CuPy, else host)")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="auto: CuPy when usable, else numpy")
+    p.add_argument("--sms", type=number("--sms", 1), default=None,
+                   help="run every stream on a slice of N SMs (a CUDA green context, CuPy), with tiles for N SMs: "
+                        "an Orin Nano's regime (8 SMs) on a large GPU")
     p.add_argument("--runs", type=number("--runs", 1), default=3, help="measured runs per configuration")
     p.add_argument("--warmup", type=number("--warmup", 0), default=1, help="unmeasured runs per configuration")
     p.add_argument("--seed", type=seed_number("--seed"), default=0, help="noise seed (the same for every run)")
@@ -127,20 +130,37 @@ def _unique(values: Sequence[Any]) -> List[Any]:
     return list(dict.fromkeys(values))
 
 
-def resolve_backend(name: str) -> Tuple[str, Any]:
-    """(GPU backend name, its backend) or ("numpy", None); auto tries CuPy, else numpy with a notice."""
+def resolve_backend(name: str, sms: Optional[int] = None) -> Tuple[str, Any]:
+    """(GPU backend name, its backend) or ("numpy", None); auto tries CuPy, else numpy with a notice.
+    sms: the backend runs on a slice of that many SMs (never numpy)."""
     if name == "numpy":
+        if sms is not None:
+            raise UsageError("--sms needs a GPU backend (cupy), not numpy")
         return "numpy", None
     gpu_name = "cupy" if name == "auto" else name
     try:
         from jetson_unet.backends import get_backend
         from jetson_unet.sampling import gpu  # noqa: F401  (imported now, not inside the timed setup)
-        return gpu_name, get_backend(gpu_name)
+        return gpu_name, get_backend(gpu_name, sms)
     except (BackendUnavailable, ImportError) as e:
-        if name != "auto":
+        if name != "auto" or sms is not None:
             raise BackendUnavailable(str(e)) from None
-        log.warning("no usable GPU (%s); using the NumPy reference backend", e)
+        log.debug("GPU backend not usable: %s", e)
+        log.warning("no usable GPU: using the NumPy reference backend (-v says why)")
         return "numpy", None
+
+
+def check_slice(gpu: Any) -> Dict[str, Any]:
+    """The slice's facts, after a probe kernel on one of its streams showed how many SMs run its work
+    (a RuntimeErrorBase when more than the slice's)."""
+    from jetson_unet.backends.greenctx import PROBE_BLOCKS, confinement
+    used, s = confinement(gpu), gpu.slice
+    if used > s.sm_count:
+        raise RuntimeErrorBase(f"--sms {s.requested}: the probe kernel ran on {used} SMs, not within the "
+                               f"slice's {s.sm_count}")
+    log.info("SM slice: %s; a probe kernel of %d blocks ran on %d SMs", s.describe(), PROBE_BLOCKS, used)
+    return {"sms_asked": s.requested, "sms": s.sm_count, "device_sms": s.device_sms, "probe_blocks": PROBE_BLOCKS,
+            "probe_sms_used": used}
 
 
 def resolve_precisions(wanted: Sequence[str], backend: str) -> List[str]:
@@ -349,6 +369,9 @@ def cold_commands(cfg: BenchConfig, args: argparse.Namespace) -> Tuple[List[str]
         cmd += ["--mode", cfg.mode] + ([] if cfg.graphs else ["--no-graphs"])
     prepare = [sys.executable, "-m", "jetson_unet.cli", "--prepare", "--weights", str(args.weights),
                "--precision", cfg.precision, "--batch", "1", "--arch", "native"]
+    if args.sms is not None:
+        cmd += ["--sms", str(args.sms)]
+        prepare += ["--sms", str(args.sms)]
     return cmd, prepare
 
 
@@ -412,8 +435,9 @@ def bench_main(argv: Sequence[str]) -> int:
     from jetson_unet.model.weights import load_weights
     weights = load_weights(args.weights)
     with logs.captured(level=logging.WARNING) as notices:
-        backend, gpu = resolve_backend(args.backend)
+        backend, gpu = resolve_backend(args.backend, args.sms)
         grid = build_grid(args, backend, weights.config.schedule)
+        sm_slice = check_slice(gpu) if args.sms is not None else None
         tel = open_telemetry(args.telemetry, args.interval)
         origin = time.perf_counter()
         tel.start()
@@ -422,6 +446,7 @@ def bench_main(argv: Sequence[str]) -> int:
         finally:
             tel.stop()
         doc = report.assemble(args, weights, gpu, tel, origin, configs, colds, notices)
+        doc["slice"] = sm_slice
         paths = report.write_outputs(doc, out)
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Power, thermal and clock telemetry behind one interface: jtop, tegrastats, NVML or none.
+"""Power, thermal and clock telemetry behind one interface: jtop, sysfs, tegrastats, NVML or none.
 
     tel = open_telemetry("auto", interval_s=0.1)    # never raises for a missing source
     with tel:                                       # start() ... stop()
@@ -7,27 +7,33 @@
         tel.mark("done")
     print(tel.source, tel.summary("denoise", "done"))
 
-"auto" tries jtop, tegrastats, nvml, none in that order; an explicit kind is tried alone and
-degrades to "none", so a comparison between sources never silently measures another one.
-Every failure (module missing, jtop.service down, binary missing, unparseable output, NVML
-init error), at open or later while sampling, moves on to the next source and says so in ONE
-line to the `jetson_unet` logger. Sampling runs in a daemon thread from open to stop(); the caller's
-thread only takes a lock to append a mark, so the measured run is not slowed.
+"auto" tries jtop, sysfs (the INA3221 rails and GPU clock, no root: `jetson_unet.bench.sysfs`),
+tegrastats, nvml, none in that order; an explicit kind is tried alone and degrades to "none", so a
+comparison between sources never silently measures another one. Every failure (module missing,
+jtop.service down or of another jetson-stats version, no readable rail, binary missing,
+unparseable output, NVML init error), at open or later while sampling, moves on to the next source
+and says so in ONE line to the `jetson_unet` logger (a warning; an info line names the source when
+nothing failed). Sampling runs in a daemon thread from open to stop(); the caller's thread only
+takes a lock to append a mark, so the measured run is not slowed. `facts` holds what the source
+says of itself and the board; `interval_stats` the sampling interval achieved.
 """
 from __future__ import annotations
 
 import bisect
 import logging
+import re
 import shutil
+import statistics
 import subprocess
 import threading
 import time
+from jetson_unet.bench.sysfs import SysfsReader
 from jetson_unet.bench.telemetry_parse import (Sample, _num, _scaled, parse_tegrastats_line,  # noqa: F401 (re-exported)
                                              sample_from_jtop, sample_from_tegrastats)
 
 log = logging.getLogger(__name__)
-KINDS = ("auto", "jtop", "tegrastats", "nvml", "none")
-AUTO_ORDER = ("jtop", "tegrastats", "nvml", "none")
+KINDS = ("auto", "jtop", "sysfs", "tegrastats", "nvml", "none")
+AUTO_ORDER = ("jtop", "sysfs", "tegrastats", "nvml", "none")
 _BAD_LINES_IN_A_ROW = 3     # one garbled line is noise; three in a row is a format we cannot read
 
 
@@ -36,6 +42,7 @@ class _Source:
     """open() probes and may raise; run() samples until `stop` and raises on failure."""
 
     name = "none"
+    facts: dict = {}    # what the source says of itself and the board, set by open()
 
     def __init__(self, interval_s: float, device: int = 0):
         self.interval_s, self.device = interval_s, device
@@ -53,14 +60,62 @@ class _Source:
         """Release the source; safe to call twice."""
 
 
+class _PolledSource(_Source):
+    """A source read on demand: read() every interval_s from open to stop."""
+
+    def read(self) -> Sample:
+        raise NotImplementedError
+
+    def run(self, emit, stop):
+        while True:
+            emit(self.read())
+            if stop.wait(self.interval_s):
+                return
+
+
+class JtopVersionMismatch(RuntimeError):
+    """This environment's jetson-stats is another version than the board's jtop.service."""
+
+
+_MISMATCH = re.compile(r"Mismatch version jtop service: \[([^\]]*)\] and client: \[([^\]]*)\]")
+
+
+def _jtop_error(e: Exception) -> Exception:
+    m = _MISMATCH.search(str(e))
+    if m is None:
+        return e
+    return JtopVersionMismatch("jtop.service is %s, this environment's jetson-stats %s: use the board's "
+                               "own jetson-stats (docs/jetson.md)" % m.groups())
+
+
+def _attr(obj, name: str):
+    try:
+        return getattr(obj, name, None)
+    except Exception:   # a property of a half-started client: that fact stays empty
+        return None
+
+
+def _jtop_facts(jetson, version) -> dict:
+    """jetson-stats' version, the service's own sampling interval (the first client's sets it),
+    jetson_clocks and the nvpmodel mode, as jtop reports them."""
+    jc, nvp = _attr(jetson, "jetson_clocks"), _attr(jetson, "nvpmodel")
+    return {"jetson_stats": version, "service_interval_s": _num(_attr(jetson, "interval")),
+            "jetson_clocks": None if jc is None else bool(jc),
+            "nvpmodel": None if nvp is None else str(_attr(nvp, "name") or nvp)}
+
+
 class _JtopSource(_Source):
     name = "jtop"
     _ctx = None
 
     def open(self) -> None:
-        from jtop import jtop   # jetson-stats, a client of jtop.service
-        self._ctx = jtop(interval=self.interval_s)
-        self._jetson = self._ctx.__enter__()   # JtopException when the service is not running
+        import jtop     # jetson-stats, a client of jtop.service: the board's own (docs/jetson.md)
+        self._ctx = jtop.jtop(interval=self.interval_s)
+        try:
+            self._jetson = self._ctx.__enter__()   # JtopException: service down, or another version
+        except Exception as e:
+            raise _jtop_error(e)
+        self.facts = _jtop_facts(self._jetson, getattr(jtop, "__version__", None))
 
     def run(self, emit, stop):
         j = self._jetson
@@ -74,6 +129,18 @@ class _JtopSource(_Source):
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
             ctx.__exit__(None, None, None)
+
+
+class _SysfsSource(_PolledSource):
+    name = "sysfs"
+    root = "/"      # the tree read (a copied one in the tests)
+
+    def open(self) -> None:
+        self._reader = SysfsReader(self.root)
+        self.facts = dict(self._reader.facts(), root=self.root)
+
+    def read(self) -> Sample:
+        return self._reader.read()
 
 
 class _TegrastatsSource(_Source):
@@ -137,7 +204,7 @@ class _TegrastatsSource(_Source):
         proc.stdout.close()
 
 
-class _NvmlSource(_Source):
+class _NvmlSource(_PolledSource):
     name = "nvml"
     _nv = None
 
@@ -185,20 +252,14 @@ class _NvmlSource(_Source):
             ram_used_mb=_scaled(getattr(mem, "used", None), 1.0 / 2**20),
             energy_j=_scaled(mj, 1e-3))
 
-    def run(self, emit, stop):
-        while True:
-            emit(self.read())
-            if stop.wait(self.interval_s):
-                return
-
     def close(self):
         nv, self._nv = self._nv, None
         if nv is not None:
             nv.nvmlShutdown()
 
 
-_SOURCES = {"jtop": _JtopSource, "tegrastats": _TegrastatsSource, "nvml": _NvmlSource,
-            "none": _Source}
+_SOURCES = {"jtop": _JtopSource, "sysfs": _SysfsSource, "tegrastats": _TegrastatsSource,
+            "nvml": _NvmlSource, "none": _Source}
 
 
 def _describe(e: BaseException) -> str:
@@ -244,6 +305,15 @@ def _energy(samples: list, a: float, b: float):
             e = _interp(ctr, hi) - _interp(ctr, lo) + _trapezoid(pts, a, lo) + _trapezoid(pts, hi, b)
             return e, "counter"
     return (_trapezoid(pts, a, b), "trapezoid") if pts else (None, None)
+
+
+def interval_stats(samples: list) -> dict:
+    """The sampling interval achieved: `n` samples, the median and the largest gap between
+    consecutive sample times (s; None below two samples)."""
+    ts = sorted(s.t for s in samples)
+    gaps = [b - a for a, b in zip(ts, ts[1:])]
+    return {"n": len(ts), "median_s": statistics.median(gaps) if gaps else None,
+            "max_s": max(gaps) if gaps else None}
 
 
 def summarize(samples: list, t0: float | None, t1: float | None, source: str = "none") -> dict:
@@ -305,6 +375,8 @@ class TelemetrySampler:
         self._idx, self._src, self.source = i, src, src.name
         if failures:
             self._say("telemetry: %s, using %s" % (", ".join(failures), src.name))
+        else:
+            log.info("telemetry: %s", src.name)
         return src
 
     def _launch(self, idx: int) -> None:
@@ -387,6 +459,12 @@ class TelemetrySampler:
     def samples(self) -> list:
         with self._lock:
             return list(self._samples)
+
+    @property
+    def facts(self) -> dict:
+        """What the source in use says of itself and the board (jtop: jetson-stats version,
+        service interval, jetson_clocks, nvpmodel; sysfs: root, rails, GPU files)."""
+        return dict(self._src.facts)
 
     def _time_of(self, x, default: float | None) -> float | None:
         if x is None:

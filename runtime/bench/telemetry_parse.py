@@ -1,5 +1,6 @@
 """Pure parsers of Jetson telemetry: `tegrastats` lines (every format from JetPack 4 to the newest,
-Orin Nano and AGX rail names) and jetson-stats (`jtop`) readings, into one `Sample` type.
+Orin Nano and AGX rail names) and jetson-stats (`jtop`) readings, into one `Sample` type, and the
+rule that puts every clock in MHz (`to_mhz`).
 
 No I/O and no optional imports here: the sources that run tegrastats, jtop or NVML live in
 `jetson_unet.bench.telemetry`, which re-exports these names.
@@ -142,10 +143,20 @@ def _scaled(v, scale: float) -> float | None:
     return None if x is None else x * scale
 
 
+def to_mhz(v) -> float | None:
+    """A clock in Hz, kHz or MHz -> MHz, told apart by magnitude. Every Jetson GPU, CPU and EMC
+    clock lies between 10 MHz and 10 GHz, so a reading of 10^7 or more is Hz (devfreq's cur_freq),
+    of 10^4 or more kHz (jetson-stats), anything smaller MHz (jetson-stats on Thor); 0 stays 0."""
+    x = _num(v)
+    if x is None:
+        return None
+    return x / 1e6 if x >= 1e7 else x / 1e3 if x >= 1e4 else x
+
+
 def sample_from_jtop(stats: dict, power: dict, t: float | None = None,
                      memory=None, gpu=None) -> Sample:
     """jtop's `jetson.stats` / `jetson.power` (mW) -> Sample. `memory` (jetson.memory, KB)
-    and `gpu` (jetson.gpu, kHz) are optional: stats holds RAM only as a fraction."""
+    and `gpu` (jetson.gpu) are optional: stats holds RAM only as a fraction. Clocks: `to_mhz`."""
     power = power or {}
     rails = {n: r["power"] / 1000.0 for n, r in (power.get("rail") or {}).items()
              if isinstance(r, dict) and _num(r.get("power")) is not None}
@@ -169,7 +180,7 @@ def sample_from_jtop(stats: dict, power: dict, t: float | None = None,
         rails=rails, temps_c=temps, gpu_util=_scaled(stats.get("GPU"), 0.01),
         cpu_util=sum(cores) / len(cores) / 100.0 if cores else None,
         emc_util=_scaled(stats.get("EMC"), 0.01), gpu_mhz=_jtop_gpu_mhz(gpu),
-        mem_mhz=_jtop_get(memory, "EMC", "cur", scale=1e-3),
+        mem_mhz=to_mhz(_jtop_get(memory, "EMC", "cur", scale=1.0)),
         ram_used_mb=_jtop_get(memory, "RAM", "used", scale=1.0 / 1024))
 
 
@@ -182,6 +193,6 @@ def _jtop_get(obj, key: str, sub: str, scale: float) -> float | None:
 
 def _jtop_gpu_mhz(gpu) -> float | None:
     try:
-        return _scaled(next(iter(gpu.values()))["freq"]["cur"], 1e-3)
+        return to_mhz(next(iter(gpu.values()))["freq"]["cur"])
     except Exception:
         return None

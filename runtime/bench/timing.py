@@ -12,7 +12,7 @@ from jetson_unet.model.config import UNetConfig
 from jetson_unet.model.weights import load_weights, random_params
 from jetson_unet.paths import models_dir
 
-SHIPPED_MODEL = "seed-unet-emoji64.npz"
+SHIPPED_MODEL = "seed-unet-emoji64.safetensors"
 
 
 class RandomWeights:

@@ -1,18 +1,19 @@
 """Ahead-of-time kernels (`jetson-sample --prepare`): every module the executor would compile for a
-weights file's config, per target arch and precision, built into the cubin cache with no GPU needed.
+weights file's config, per target arch and precision, built into the cubin cache with no GPU needed
+(but those shipped with the package, jetson_unet.cubins, which the loader takes first anyway).
 
-A module is what GpuExecutor asks KernelSet for: all tile instantiations for every batch size
-(ops.all_tile_keys) plus the spec keys of the batch itself, for one precision. The tile choice
-depends on the GPU's SM count, so a target is an arch and the SM counts of the boards that carry it
-(JETSON_SMS; `--sms` overrides; `native` asks this machine's GPU). Batch sizes share one module on
-Jetson-sized GPUs; on a large GPU a batch above 64 can add a tile, so every batch asked for (and
-the half-batches of cpu mode) is covered, duplicates dropped.
+A module is what GpuExecutor asks KernelSet for (ops.specs.module_keys): every instantiation the tile
+rules pick on a grid of batch sizes and SM counts, the tiles of the tuning files of the run's SM count,
+and the run's own keys, for one precision. So one module serves every batch size up to 64 and every
+SM count without a tuning file of its own; a target is an arch and the SM counts of the boards that
+carry it (JETSON_SMS; `--sms` overrides; `native` asks this machine's GPU), and every batch asked for
+(and the half-batches of cpu mode) is covered, duplicates dropped.
 
 Compilers (pick_compiler): a libnvrtc.so named by --nvrtc or $JETSON_UNET_NVRTC, for every arch; else
 NVRTC through CuPy's binding when CuPy is importable (the toolchain the runtime itself compiles
 with), and for an arch it cannot target (CUDA 13 and sm_72) the pip NVRTC (nvidia-cuda-nvrtc-cu11 /
 -cu12) when importable; without CuPy that pip NVRTC, else nvcc. All emit a cubin for sm_XX; the
-runtime loads any of them (cubins.py).
+runtime loads any of them (build.cache).
 """
 from __future__ import annotations
 
@@ -24,15 +25,16 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.errors import KernelCompileError, UsageError
 from jetson_unet.model.arena import view_layout
-from jetson_unet.model.plan import CAT, build_plan
+from jetson_unet.model.plan import build_plan
 from jetson_unet.build import nvrtc_lib
 from jetson_unet.build.compilers import (ArchUnsupported, Compiler, find_nvcc, nvcc_compiler, nvrtc_compiler,
                                          nvrtc_module, nvrtc_toolchain)
 from jetson_unet.build.cache import CubinCache
+from jetson_unet.build.loader import shipped_cache
 from jetson_unet.build.sources import MIN_TC_ARCH, module_source, nvrtc_options
 from jetson_unet.ops.common import Ctx
-from jetson_unet.ops.specs import all_tile_keys, op_spec
-from jetson_unet.ops.tuning import prepare_tiles
+from jetson_unet.ops import specs
+from jetson_unet.ops.tuning import tile_files
 
 COMPILERS = ("auto", "nvrtc", "nvcc")
 # SM counts of the boards of an arch (CUDA cores / 128 on Ampere, / 64 on Volta).
@@ -47,17 +49,16 @@ class Target:
     arch: int
     sms: Tuple[int, ...]
     label: str
-    device: Optional[str] = None   # native: this GPU's name, whose tuning files the executor will find
 
 
-def module_keys(weights: Any, precision: str, batch: int, sms: int,
-                tiles: Optional[Mapping[str, Any]] = None) -> List[Any]:
-    """The keys GpuExecutor(weights, precision, batch, tiles=tiles) hands KernelSet on a GPU with
-    `sms` SMs (tiles: a tuning file's; None or {}: the built-in tiles)."""
+def module_keys(weights: Any, precision: str, batch: int, sms: int, tiles: Optional[Mapping[str, Any]] = None,
+                dirs: Optional[Sequence[Any]] = None) -> List[Any]:
+    """The keys GpuExecutor(weights, precision, batch, policy=KernelPolicy(tiles=tiles, tile_dirs=dirs))
+    hands KernelSet on a GPU with `sms` SMs (tiles: a tuning file's; None or {}: the built-in tiles or
+    whichever tuning file of `dirs` the run finds, whose tiles are in the module either way)."""
     plan = build_plan(weights.config)
     ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=dict(tiles or {}))
-    keys = set(all_tile_keys(ctx)) | {op_spec(op, ctx).key for op in plan.ops if op.kind != CAT}
-    return sorted(keys, key=lambda k: k.symbol)
+    return specs.module_keys(ctx, tile_files(weights.config, sms, precision, dirs))
 
 
 def executor_batches(batches: Sequence[int]) -> List[int]:
@@ -72,7 +73,7 @@ def parse_targets(values: Sequence[str], sms: Optional[Sequence[int]] = None,
     for v in values:
         if v == "native":
             arch, n, name = (native or native_gpu)()
-            out.append(Target(arch, (n,), f"sm_{arch} (native: {name}, {n} SMs)", device=name))
+            out.append(Target(arch, (n,), f"sm_{arch} (native: {name}, {n} SMs)"))
             continue
         try:
             arch = int(v[3:] if v.startswith("sm_") else v)
@@ -139,10 +140,48 @@ def pip_compiler() -> Optional[Compiler]:
     return nvrtc_compiler(nvrtc_lib.NvrtcLib(path, f"pip package {nvrtc_lib.PIP_MODULE}:")) if path else None
 
 
+@dataclass(frozen=True)
+class Module:
+    """One kernel module to build: its text and kernels, for an arch and precision, serving `sms`."""
+    arch: int
+    precision: str
+    source: str
+    symbols: Tuple[str, ...]
+    sms: Tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        return f"sm_{self.arch} {self.precision} ({'/'.join(map(str, self.sms))} SMs, {len(self.symbols)} kernels)"
+
+
+def plan_modules(weights: Any, t: Target, precision: str, batches: Sequence[int]) -> List[Module]:
+    """The distinct modules the executor asks for on target t at these batch sizes, in first-met order."""
+    modules: Dict[str, Tuple[List[str], List[int]]] = {}   # source -> (symbols, SM counts)
+    for sms in t.sms:
+        for b in executor_batches(batches):
+            keys = module_keys(weights, precision, b, sms)
+            _, counts = modules.setdefault(module_source(keys), (sorted({k.symbol for k in keys}), []))
+            if sms not in counts:
+                counts.append(sms)
+    return [Module(t.arch, precision, src, tuple(syms), tuple(counts)) for src, (syms, counts) in modules.items()]
+
+
+def target_precisions(arch: int, precisions: Sequence[str], out: Out) -> List[str]:
+    """The precisions an arch can run: fp32 alone below sm_80 (said in one line)."""
+    precs = list(precisions)
+    if arch < MIN_TC_ARCH and any(p != "fp32" for p in precs):
+        precs = [p for p in precs if p == "fp32"]
+        out(f"sm_{arch}: fp16/bf16 kernels need sm_{MIN_TC_ARCH}+ (tensor-core mma.sync); "
+            f"building {'fp32 only' if precs else 'nothing (no fp32 asked for)'}")
+    return precs
+
+
 def prepare(weights: Any, targets: Sequence[Target], precisions: Sequence[str], batches: Sequence[int],
             compiler: Compiler, cache: CubinCache, out: Out, name: str = "seed-unet") -> int:
-    """Build every module into the cache; one line per module. Returns the number of failures."""
+    """Build every module into the cache, but those shipped with the package; one line per module.
+    Returns the number of failures."""
     out(f"{compiler.name} -> {cache.root}")
+    shipped = shipped_cache()
     failures = 0
     for t in targets:
         try:
@@ -152,14 +191,10 @@ def prepare(weights: Any, targets: Sequence[Target], precisions: Sequence[str], 
             c = compiler
         if c is not compiler:
             out(f"sm_{t.arch}: {compiler.name} cannot target it; using {c.name}")
-        precs = list(precisions)
-        if t.arch < MIN_TC_ARCH and any(p != "fp32" for p in precs):
-            precs = [p for p in precs if p == "fp32"]
-            out(f"sm_{t.arch}: fp16/bf16 kernels need sm_{MIN_TC_ARCH}+ (tensor-core mma.sync); "
-                f"building {'fp32 only' if precs else 'nothing (no fp32 asked for)'}")
         try:
-            for p in precs:
-                failures += _prepare_precision(weights, t, p, batches, c, cache, out, name)
+            for p in target_precisions(t.arch, precisions, out):
+                failures += sum(build_module(m, c, cache, out, name, shipped)
+                                for m in plan_modules(weights, t, p, batches))
         except ArchUnsupported as e:
             hint = (f"; CUDA 13 dropped sm_72 and older: `{nvrtc_lib.PIP_HINT}` (then used for them "
                     "automatically) or --nvrtc PATH to a CUDA 11/12 libnvrtc.so" if t.arch < 75 else "")
@@ -168,43 +203,35 @@ def prepare(weights: Any, targets: Sequence[Target], precisions: Sequence[str], 
     return failures
 
 
-def _prepare_precision(weights: Any, t: Target, precision: str, batches: Sequence[int], compiler: Compiler,
-                       cache: CubinCache, out: Out, name: str) -> int:
-    modules: Dict[str, Tuple[List[str], List[int]]] = {}   # source -> (symbols, SM counts)
-    for sms in t.sms:
-        for b in executor_batches(batches):
-            for _, tiles in prepare_tiles(weights.config, sms, precision, b, t.device):
-                keys = module_keys(weights, precision, b, sms, tiles)
-                src = module_source(keys)
-                syms, counts = modules.setdefault(src, (sorted({k.symbol for k in keys}), []))
-                if sms not in counts:
-                    counts.append(sms)
-    options = nvrtc_options(t.arch)
-    failures = 0
-    for src, (symbols, counts) in modules.items():
-        what = f"sm_{t.arch} {precision} ({'/'.join(map(str, counts))} SMs, {len(symbols)} kernels)"
-        have = [e for e in cache.find(src, options, t.arch, compiler.toolchain, symbols, name)
-                if e.toolchain == compiler.toolchain]
-        if have:
-            out(f"{what}: up to date ({have[0].cubin.name})")
-            continue
-        t0 = time.perf_counter()
-        try:
-            cubin = compiler.build(src, f"{name}.cu", options, t.arch)
-        except ArchUnsupported:
-            raise
-        except KernelCompileError as e:
-            out(f"{what}: FAILED: {first_line(e.log or str(e))}")
-            failures += 1
-            continue
-        try:
-            path = cache.store(cubin, src, options, t.arch, compiler.toolchain, symbols, name)
-        except OSError as e:
-            out(f"{what}: FAILED: cannot write the cache {cache.root}: {e.strerror or e}")
-            failures += 1
-            continue
-        out(f"{what}: compiled in {time.perf_counter() - t0:.1f} s, {len(cubin) / 1e6:.1f} MB -> {path.name}")
-    return failures
+def build_module(m: Module, compiler: Compiler, cache: CubinCache, out: Out, name: str = "seed-unet",
+                 shipped: Optional[CubinCache] = None) -> int:
+    """Compile and store one module unless `shipped` holds it (any toolchain's) or the cache this
+    toolchain's; one line. 1 on failure, else 0."""
+    options = nvrtc_options(m.arch)
+    ship = next(shipped.find(m.source, options, m.arch, None, m.symbols, name), None) if shipped else None
+    if ship is not None:
+        out(f"{m.label}: shipped with the package ({ship.cubin.name}, {ship.toolchain})")
+        return 0
+    have = [e for e in cache.find(m.source, options, m.arch, compiler.toolchain, m.symbols, name)
+            if e.toolchain == compiler.toolchain]
+    if have:
+        out(f"{m.label}: up to date ({have[0].cubin.name})")
+        return 0
+    t0 = time.perf_counter()
+    try:
+        cubin = compiler.build(m.source, f"{name}.cu", options, m.arch)
+    except ArchUnsupported:
+        raise
+    except KernelCompileError as e:
+        out(f"{m.label}: FAILED: {first_line(e.log or str(e))}")
+        return 1
+    try:
+        path = cache.store(cubin, m.source, options, m.arch, compiler.toolchain, m.symbols, name)
+    except OSError as e:
+        out(f"{m.label}: FAILED: cannot write the cache {cache.root}: {e.strerror or e}")
+        return 1
+    out(f"{m.label}: compiled in {time.perf_counter() - t0:.1f} s, {len(cubin) / 1e6:.1f} MB -> {path.name}")
+    return 0
 
 
 def first_line(text: str) -> str:

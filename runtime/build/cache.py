@@ -21,7 +21,12 @@ What is compared, and why:
   e_flags name the requested arch, and hold every kernel symbol asked for. An entry that fails any
   check is deleted (corrupt, foreign-arch or mismatched: it would never load correctly) and rebuilt.
 Writes are atomic (a temporary file, then a rename; the cubin before its sidecar), so a concurrent
-process sees a whole entry or none; a torn pair fails the sha256 check and is rebuilt.
+process sees a whole entry or none; a torn pair fails the sha256 check and is rebuilt. Two processes
+that miss the same entry compile it once: `lock` holds a file lock per entry (build.locks) around the
+loader's check-compile-store, and the second finds what the first stored.
+
+A read-only cache (the cubins shipped as package data, jetson_unet.cubins) is validated the same way,
+but an entry that fails is only skipped, never deleted.
 """
 from __future__ import annotations
 
@@ -33,8 +38,9 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import ContextManager, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from jetson_unet.build.locks import exclusive
 from jetson_unet.files import atomic_open
 from jetson_unet.paths import cache_root
 
@@ -124,8 +130,9 @@ class Entry:
 
 
 class CubinCache:
-    def __init__(self, root: Optional[Path] = None) -> None:
+    def __init__(self, root: Optional[Path] = None, read_only: bool = False) -> None:
         self.root = Path(root) if root is not None else cache_dir()
+        self.read_only = read_only
 
     def path_for(self, name: str, source_sha: str, options: Sequence[str], arch: int, toolchain: str) -> Path:
         return self.root / f"{name}-sm{int(arch)}-{cache_key(source_sha, options, arch, toolchain)}.cubin"
@@ -161,15 +168,24 @@ class CubinCache:
         return None
 
     def discard(self, cubin: Path, why: str) -> None:
-        """Delete an entry that must not be loaded (and say so once)."""
+        """Delete an entry that must not be loaded (and say so once); in a read-only cache, only say so."""
+        if self.read_only:
+            log.info("skipped the shipped kernels %s: %s", cubin.name, why)
+            return
         for p in (cubin, cubin.with_suffix(".json")):
             try:
                 p.unlink()
             except FileNotFoundError:
                 pass
             except OSError:
-                pass   # a read-only cache: the entry stays, but is still never loaded
+                pass   # an unwritable folder: the entry stays, but is still never loaded
         log.warning("discarded cached kernels %s: %s; rebuilding", cubin.name, why)
+
+    def lock(self, name: str, source: str, options: Sequence[str], arch: int, toolchain: str) -> ContextManager[None]:
+        """The lock of one entry (locks/<entry>.lock in the cache folder): held around check, compile,
+        store, so that of two processes missing the same entry one compiles and the other then finds it."""
+        stem = self.path_for(name, sha256(source.encode()), options, arch, toolchain).stem
+        return exclusive(self.root / "locks" / f"{stem}.lock", stem[:stem.rindex("-") + 13])
 
     def store(self, cubin: bytes, source: str, options: Sequence[str], arch: int, toolchain: str,
               symbols: Sequence[str] = (), name: str = "seed-unet") -> Path:

@@ -1,14 +1,17 @@
 """The ONE kernel loader: module text -> a loaded module with every symbol fetched.
 
-`load_module` looks in the cubin cache first (jetson_unet.build.cache: validated entries of this
-toolchain, then of any toolchain, e.g. made ahead of time by `jetson-sample --prepare`), else compiles
-with the backend's compiler (jetson_unet.build.compilers), stores the cubin and loads it: one cache for
-both backends.
+`load_module` looks in the cubins shipped with the package first (jetson_unet.cubins, read-only:
+built at release time by `python -m tools.build_kernels` for the shipped model), then in the cubin
+cache (jetson_unet.build.cache: validated entries of this toolchain, then of any toolchain, e.g. made
+ahead of time by `jetson-sample --prepare`), else compiles with the backend's compiler
+(jetson_unet.build.compilers) under the cache's lock for that entry, stores the cubin and loads it:
+one cache for both backends, one compile per module across processes.
 """
 from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -17,9 +20,11 @@ from jetson_unet.errors import KernelCompileError
 from jetson_unet.backends.base import Backend, Module
 from jetson_unet.build.cache import CubinCache
 from jetson_unet.build.compilers import Compiler, runtime_compiler
+from jetson_unet.paths import shipped_cubins_dir
 
 
 log = logging.getLogger(__name__)
+LOADS: List[Tuple[str, float]] = []   # (where the module came from, seconds) per module this process got
 
 
 def compile_notice(arch: int) -> str:
@@ -27,24 +32,49 @@ def compile_notice(arch: int) -> str:
             "ahead of time)...")
 
 
+def shipped_cache() -> CubinCache:
+    """The cubins shipped as package data, read-only."""
+    return CubinCache(shipped_cubins_dir(), read_only=True)
+
+
 def load_module(backend: Backend, source: str, name: str, options: Tuple[str, ...], symbols: Sequence[str],
-                arch: int, cache: Optional[CubinCache] = None, compiler: Optional[Compiler] = None) -> Module:
-    """A module with every symbol fetched: a valid cached cubin (this toolchain's, else any other's),
-    else one built now by the backend's compiler (`compiler` overrides it), stored, loaded. A cubin
-    the driver refuses is discarded and rebuilt. A backend without cubins (compiler None), or with no
-    compiler for this arch here, compiles through its own compile_source."""
+                arch: int, cache: Optional[CubinCache] = None, compiler: Optional[Compiler] = None,
+                shipped: Optional[CubinCache] = None) -> Module:
+    """A module with every symbol fetched: a valid shipped cubin, else a cached one (this toolchain's,
+    else any other's), else one built now by the backend's compiler (`compiler` overrides it), stored,
+    loaded. A cubin the driver refuses is skipped (a shipped one) or discarded and rebuilt. A backend
+    without cubins (compiler None), or with no compiler for this arch here, compiles through its own
+    compile_source. Appends (where from, seconds) to LOADS."""
+    t0 = time.perf_counter()
+    mod, origin = _load(backend, source, name, options, symbols, arch, cache, compiler, shipped)
+    LOADS.append((origin, time.perf_counter() - t0))
+    return mod
+
+
+def _load(backend: Backend, source: str, name: str, options: Tuple[str, ...], symbols: Sequence[str], arch: int,
+          cache: Optional[CubinCache], compiler: Optional[Compiler],
+          shipped: Optional[CubinCache]) -> Tuple[Module, str]:
     if backend.compiler is None:
-        return backend.compile_source(source, f"{name}.cu", options, symbols)
+        return backend.compile_source(source, f"{name}.cu", options, symbols), "compiled"
     compiler = compiler or runtime_compiler(backend.compiler)
     cache = cache if cache is not None else CubinCache()
-    for entry in cache.find(source, options, arch, compiler.toolchain if compiler else None, symbols, name):
-        try:
-            return backend.load_cubin(entry.cubin, symbols)
-        except KernelCompileError as e:
-            cache.discard(entry.cubin, f"the driver refused it ({(e.log or str(e)).strip().splitlines()[0]})")
-    log.info(compile_notice(arch))
+    shipped = shipped if shipped is not None else shipped_cache()
+    toolchain = compiler.toolchain if compiler else None
+    found = _first_loadable(backend, source, options, arch, toolchain, symbols, name, (shipped, cache))
+    if found is not None:
+        return found
     if compiler is None or not compiler.targets(arch):
-        return backend.compile_source(source, f"{name}.cu", options, symbols)
+        log.info(compile_notice(arch))
+        return backend.compile_source(source, f"{name}.cu", options, symbols), "compiled"
+    with cache.lock(name, source, options, arch, compiler.toolchain):
+        found = _first_loadable(backend, source, options, arch, toolchain, symbols, name, (cache,))   # built meanwhile?
+        return found or (_build(backend, source, name, options, symbols, arch, cache, compiler), "compiled")
+
+
+def _build(backend: Backend, source: str, name: str, options: Tuple[str, ...], symbols: Sequence[str], arch: int,
+           cache: CubinCache, compiler: Compiler) -> Module:
+    """Compile (with the notice), store and load one module."""
+    log.info(compile_notice(arch))
     cubin = compiler.build(source, f"{name}.cu", options, arch)
     try:
         path = cache.store(cubin, source, options, arch, compiler.toolchain, symbols, name)
@@ -54,6 +84,19 @@ def load_module(backend: Backend, source: str, name: str, options: Tuple[str, ..
             path.write_bytes(cubin)
             return backend.load_cubin(path, symbols)
     return backend.load_cubin(path, symbols)
+
+
+def _first_loadable(backend: Backend, source: str, options: Tuple[str, ...], arch: int, toolchain: Optional[str],
+                    symbols: Sequence[str], name: str, caches: Sequence[CubinCache]) -> Optional[Tuple[Module, str]]:
+    """(module, "shipped" or "cache") of the first valid entry the driver loads, in the order of
+    `caches`; an entry it refuses is discarded by its cache (a read-only one only skips it)."""
+    for cache in caches:
+        for entry in cache.find(source, options, arch, toolchain, symbols, name):
+            try:
+                return backend.load_cubin(entry.cubin, symbols), ("shipped" if cache.read_only else "cache")
+            except KernelCompileError as e:
+                cache.discard(entry.cubin, f"the driver refused it ({(e.log or str(e)).strip().splitlines()[0]})")
+    return None
 
 
 class KernelSet:

@@ -31,7 +31,7 @@ from jetson_unet.build.loader import KernelSet
 from jetson_unet.ops.common import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, from_device, storage_dtype,
                                     to_device)
 from jetson_unet.ops.conv_pipe import PIPE_SCRATCH
-from jetson_unet.ops.specs import all_tile_keys, op_spec
+from jetson_unet.ops.specs import module_keys, op_spec
 from jetson_unet.ops.policy import KernelPolicy
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class GpuExecutor:
         self.arena: ArenaPlan = memory.executor_arena(self.plan, self.specs, precision, self.batch, self.batch,
                                                       (self.stats_parts, self._stats_life))
         (fits or self._check_memory)(self.memory_estimate())
-        keys = set(all_tile_keys(ctx)) | {s.key for s in self.specs} | set(extra_keys)
+        keys = set(module_keys(ctx, policy.module_tiles(self.config, sms, precision))) | set(extra_keys)
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
         # the halo conv's and a deep cp.async ring's dynamic smem go past the 48 KB of static + dynamic
         # that need no opt-in (static: at most PIPE_SCRATCH beside them)

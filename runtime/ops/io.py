@@ -96,6 +96,11 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     return OpSpec(op, key, (tiles + 1, 1, ctx.batch), (threads, 1, 1), smem, blobs, make_args)
 
 
+def final_key(op: Op, ctx: Ctx) -> SimpleKey:
+    cin = ctx.plan.tensors[op.x].channels
+    return SimpleKey("final", ctx.precision, 0, vec_for(ctx.precision, ctx, (op.x,), (cin,)))
+
+
 def final_spec(op: Op, ctx: Ctx) -> OpSpec:
     xt, ot = ctx.plan.tensors[op.x], ctx.plan.tensors[op.out]
     cin, cout, size = xt.channels, ot.channels, ot.size
@@ -104,7 +109,7 @@ def final_spec(op: Op, ctx: Ctx) -> OpSpec:
     w = np.asarray(ctx.params[op.prefix + ".weight"], dtype=np.float32).reshape(cout, cin)
     blobs = {"w": np.ascontiguousarray(w), "bias": padded(ctx.params[op.prefix + ".bias"], 8)}
     npix = ctx.batch * size * size
-    key = SimpleKey("final", ctx.precision, 0, vec_for(ctx.precision, ctx, (op.x,), (cin,)))
+    key = final_key(op, ctx)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(op.x)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from jetson_unet.errors import UsageError
 from jetson_unet.ops.common import TileChoice
-from jetson_unet.ops.tuning import builtin_tiles_notice, find_tiles, load_tiles
+from jetson_unet.ops.tuning import builtin_tiles_notice, find_tiles, load_tiles, tile_files
 
 log = logging.getLogger(__name__)
 BUILTIN = "builtin"
@@ -53,3 +53,8 @@ class KernelPolicy:
         if isinstance(t, (str, Path)):
             return load_tiles(Path(t), precision, batch, sms, config), str(t)
         return dict(t), ("given" if t else None)
+
+    def module_tiles(self, config: Any, sms: int, precision: str) -> List[Tuple[int, Dict[str, TileChoice]]]:
+        """(batch, tiles) of the tuning files in this policy's folders for this SM count and precision,
+        whichever tiles the run takes: they join every module of that SM count (ops.specs.all_tile_keys)."""
+        return tile_files(config, sms, precision, self.tile_dirs)

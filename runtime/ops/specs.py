@@ -2,12 +2,12 @@
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, List, Mapping, Sequence, Tuple
 
 from jetson_unet.ops.common import Ctx, OpSpec, check_div_range
 from jetson_unet.ops.conv import gate_key, gate_spec, gemm_conv_spec, gemm_key
 from jetson_unet.ops.dwconv import dwconv_key, dwconv_spec
-from jetson_unet.ops.io import final_spec, init_key, init_spec
+from jetson_unet.ops.io import final_key, final_spec, init_key, init_spec
 from jetson_unet.errors import ConfigError
 from jetson_unet.model.plan import CONV, GATE, Op, Plan
 
@@ -44,14 +44,43 @@ def op_spec(op: Op, ctx: Ctx) -> OpSpec:
     return SPEC_BUILDERS[kernel_kind(op, ctx.plan)](op, ctx)
 
 
-def all_tile_keys(ctx: Ctx, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> List[Any]:
-    """Every instantiation the tile heuristics (GEMM tiles, depthwise and init widths) can pick for
-    this plan at any of `batches`: one module per (config, precision) then serves every batch size
-    (one compile, one cache entry)."""
-    key_of = {"gate": gate_key, "gemm": gemm_key, "dwconv": dwconv_key, "init": init_key}   # batch-dependent
-    keyed = [(op, key_of.get(kernel_kind(op, ctx.plan))) for op in ctx.plan.ops if op.kind in (CONV, GATE)]
-    keys = set()
-    for b in batches:
-        sub = Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, ctx.sms, ctx.views, tile_batch=b)
-        keys.update(fn(op, sub) for op, fn in keyed if fn)
+KEY_OF = {"gate": gate_key, "init": init_key, "final": final_key, "dwconv": dwconv_key, "gemm": gemm_key}
+
+
+def op_key(op: Op, ctx: Ctx) -> Any:
+    """op_spec(op, ctx).key, without packing the op's weights."""
+    return KEY_OF[kernel_kind(op, ctx.plan)](op, ctx)
+
+
+# The (batch, SM count) grid of every module: batch 1..64 on the 8 SMs of an Orin Nano and the 132 of an
+# H100 / H200. The rules compare batch x CTAs with multiples of the SM count, so a key depends on batch / SMs
+# alone; these ratios (1/132 .. 8) reach every tile the rules pick for the shipped model from batch 1 on
+# 256 SMs to batch 64 on one SM (tests/host/test_shipped_cubins.py checks GPUs' SM counts against it).
+MODULE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+MODULE_SMS = (8, 132)
+Tuned = Sequence[Tuple[int, Mapping[str, Any]]]   # (batch, tiles) of each tuning file of the run's SM count
+
+
+def all_tile_keys(ctx: Ctx, tuned: Tuned = ()) -> List[Any]:
+    """Every instantiation the tile rules pick for this plan and precision on the grid MODULE_BATCHES x
+    MODULE_SMS, and those of the measured tiles `tuned` (a file whose tiles do not fit is left out): one
+    module per (config, precision) then serves every batch size and SM count (one compile, one cache
+    entry, one shipped cubin per arch)."""
+    ops = [op for op in ctx.plan.ops if op.kind in (CONV, GATE)]
+    subs = [Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, s, ctx.views, tile_batch=b)
+            for s in MODULE_SMS for b in MODULE_BATCHES]
+    keys = {op_key(op, sub) for sub in subs for op in ops}
+    for b, tiles in tuned:
+        sub = Ctx(ctx.plan, ctx.params, ctx.precision, b, ctx.sms, ctx.views, tiles=dict(tiles))
+        try:
+            keys.update([op_key(op, sub) for op in ops])
+        except ConfigError:   # refused by a run that names that file, not by every other run
+            continue
     return sorted(keys, key=lambda k: k.symbol)
+
+
+def module_keys(ctx: Ctx, tuned: Tuned = ()) -> List[Any]:
+    """The instantiations of a run's module: all_tile_keys, and the run's own (its batch, SM count and
+    tiles) where they fall outside the grid."""
+    own = {op_key(op, ctx) for op in ctx.plan.ops if op.kind in (CONV, GATE)}
+    return sorted(set(all_tile_keys(ctx, tuned)) | own, key=lambda k: k.symbol)

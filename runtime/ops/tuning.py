@@ -219,27 +219,22 @@ def find_tiles(config: Any, device: str, sms: int, precision: str, batch: int,
     return None
 
 
-def prepare_tiles(config: Any, sms: int, precision: str, batch: int, device: Optional[str] = None,
-                  dirs: Optional[Sequence[Path]] = None) -> List[Tuple[Optional[Path], Dict[str, TileChoice]]]:
-    """The tile sets `jetson-sample --prepare` builds modules for, as (file or None, tiles); {} are
-    the built-in tiles. For this machine's GPU (`device` named): what the executor will use, the
-    first find_tiles match, else the built-in tiles. For a board named only by arch and SM count
-    (cross-compiling): the built-in tiles and every usable tuning file of that SM count, precision,
-    batch and config in the same folders, whatever its device (a file measured on the board and
-    copied back), first folder winning per file name as in find_tiles."""
-    if device is not None:
-        found = find_tiles(config, device, sms, precision, batch, dirs)
-        return [found if found else (None, {})]
-    out: List[Tuple[Optional[Path], Dict[str, TileChoice]]] = [(None, {})]
+def tile_files(config: Any, sms: int, precision: str,
+               dirs: Optional[Sequence[Path]] = None) -> List[Tuple[int, Dict[str, TileChoice]]]:
+    """(batch, tiles) of every usable tuning file of this SM count, precision and config in the tile
+    folders, whatever its device and batch, the first folder winning per file name as in find_tiles.
+    Their tiles join the module of every run of that SM count and precision (ops.specs.all_tile_keys),
+    so a batch size with a file of its own compiles nothing of its own."""
+    out: List[Tuple[int, Dict[str, TileChoice]]] = []
     seen = set()
-    pattern = file_name("*", sms, precision, batch)
     for d in tiles_dirs() if dirs is None else dirs:
-        for path in sorted(Path(d).glob(pattern)):
+        for path in sorted(Path(d).glob(f"tiles-*-{int(sms)}sm-{precision}-b*.json")):
             if path.name in seen:
                 continue
             seen.add(path.name)
             try:
-                out.append((path, load_tiles(path, precision, batch, sms, config)))
-            except ConfigError:
+                batch = int(path.stem.rsplit("-b", 1)[1])
+                out.append((batch, load_tiles(path, precision, batch, sms, config)))
+            except (ConfigError, ValueError):
                 continue
     return out

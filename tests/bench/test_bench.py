@@ -181,7 +181,7 @@ class EventFakeBackend(FakeBackend):
 @pytest.mark.parametrize("mode, batch", [("gpu", 2), ("cpu", 3)])
 def test_gpu_bookkeeping_with_a_fake_backend(weights_path, tmp_path, monkeypatch, mode, batch):
     fake = EventFakeBackend()
-    monkeypatch.setattr(bench, "resolve_backend", lambda name: ("cupy", fake))
+    monkeypatch.setattr(bench, "resolve_backend", lambda name, sms=None: ("cupy", fake))
     args = base_args(weights_path, tmp_path / "o") + ["--cold", "none", "--batch", str(batch), "--mode", mode]
     args[args.index("--backend") + 1] = "cupy"
     assert bench.main(args) == 0

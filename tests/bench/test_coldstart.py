@@ -37,7 +37,7 @@ def fake_cupy(tmp_path, monkeypatch, nvrtc):
     NVRTC), over an empty cubin cache and no modules in memory: a fresh process on an empty kernel
     cache."""
     be = CubinBackend()
-    monkeypatch.setitem(_CACHE, "cupy", be)
+    monkeypatch.setitem(_CACHE, ("cupy", None), be)
     monkeypatch.setattr(KernelSet, "_cache", {})
     monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path / "cache"))
     return be
@@ -88,11 +88,12 @@ def test_load_waits_for_a_sample_in_flight(tiny_weights):
 # ---- the child ----------------------------------------------------------------------------------------
 
 def check_phases(rec: dict) -> None:
-    for k in coldstart.PHASES:
+    for k in coldstart.PHASES + ("kernels_s", "upload_s"):
         assert isinstance(rec[k], float) and rec[k] >= 0, (k, rec[k])
     parts = sum(rec[k] for k in ("import_s", "weights_s", "load_s", "first_step_s", "image_s"))
     assert parts <= rec["total_s"] * (1 + 1e-12), rec
     assert rec["ready_s"] == pytest.approx(rec["weights_s"] + rec["load_s"] + rec["first_step_s"])
+    assert rec["kernels_s"] + rec["upload_s"] <= rec["load_s"] * (1 + 1e-9) + 1e-9, rec
 
 
 def test_child_process_prints_one_json_line_of_phases(tiny_weights_path):
@@ -121,7 +122,19 @@ def test_child_counts_the_kernel_modules_it_compiles(tiny_weights_path, fake_cup
     assert coldstart.main(args) == 0
     warm = json.loads(capsys.readouterr().out)
     assert warm["compiles"] == 0 and warm["kernel_notices"] == tiles and len(nvrtc.calls) == 1
+    assert (cold["kernels_from"], warm["kernels_from"]) == (["compiled"], ["cache"])
     assert len(fake_cupy.loads) == 2 and fake_cupy.loads[0] == fake_cupy.loads[1], "the cached cubin"
+
+
+def test_child_times_a_new_batch_size_in_the_same_pipeline(tiny_weights_path, fake_cupy, nvrtc, capsys):
+    """--then-batch: the module serves every batch size, so the new engine compiles and loads nothing."""
+    args = ["--weights", str(tiny_weights_path), "--backend", "cupy", "--no-graphs", "--then-batch", "3"] + DDIM2
+    assert coldstart.main(args) == 0
+    rec = json.loads(capsys.readouterr().out)
+    check_phases(rec)
+    assert (rec["compiles"], rec["new_batch"], rec["new_batch_compiles"], rec["new_batch_kernels_s"]) == (1, 3, 0, 0)
+    assert rec["new_batch_s"] == pytest.approx(rec["new_batch_load_s"] + rec["new_batch_image_s"])
+    assert len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1
 
 
 def test_child_failure_is_one_line_and_an_exit_code(tmp_path, capsys):

@@ -1,5 +1,7 @@
 """Telemetry: the tegrastats parser on recorded formats, the jtop adapter, the summary math,
-and every fallback path with fake jtop / tegrastats / pynvml. CPU only, no optional deps."""
+and every fallback path with fake jtop / tegrastats / pynvml. The sysfs source reads an empty
+tree here (no board); tests/bench/test_telemetry_sysfs.py reads board trees. CPU only, no
+optional deps."""
 from __future__ import annotations
 
 import logging
@@ -163,6 +165,18 @@ def test_summary_prefers_the_energy_counter():
 
 
 # ---------------------------------------------------------------- fallbacks and sources
+@pytest.fixture(autouse=True)
+def no_board(monkeypatch, tmp_path):
+    """The sysfs source reads an empty tree: no INA3221, as on a machine that is no Jetson."""
+    root = tmp_path / "no_board"
+    root.mkdir()
+    monkeypatch.setattr(tm._SysfsSource, "root", str(root))
+    return root
+
+
+NO_RAIL = "sysfs unavailable (FileNotFoundError: no readable INA3221 rail under "
+
+
 @pytest.fixture
 def notes():
     """The warnings the package logs during the test (telemetry says each fallback in one)."""
@@ -202,8 +216,11 @@ def wait_for(cond, timeout=3.0):
     return cond()
 
 
-def fake_jtop_module(enter_error=None, stats=None, power=None):
+def fake_jtop_module(enter_error=None, stats=None, power=None, version="4.3.2", **attrs):
+    """A jetson-stats module whose jtop client reads `stats` and `power`; `attrs` become attributes of
+    the client (gpu, memory, jetson_clocks, nvpmodel, interval: the service's)."""
     mod = types.ModuleType("jtop")
+    mod.__version__ = version
 
     class JtopException(Exception):
         pass
@@ -212,6 +229,7 @@ def fake_jtop_module(enter_error=None, stats=None, power=None):
         def __init__(self, interval=0.5):
             self.interval = interval
             self.stats, self.power = stats or {}, power or {}
+            self.__dict__.update(attrs)
 
         def __enter__(self):
             if enter_error:
@@ -246,7 +264,7 @@ def test_auto_with_nothing_available_gives_one_notice_naming_each(monkeypatch, t
     tel = open_telemetry("auto", interval_s=INTERVAL)
     tel.stop()
     assert tel.source == "none" and len(notes) == 1
-    for part in ("jtop unavailable", "tegrastats unavailable (FileNotFoundError",
+    for part in ("jtop unavailable", NO_RAIL, "tegrastats unavailable (FileNotFoundError",
                  "nvml unavailable (ModuleNotFoundError", "using none"):
         assert part in notes[0]
 
@@ -257,8 +275,10 @@ def test_jtop_service_down_falls_back_to_tegrastats(monkeypatch, tmp_path, notes
     fake_tegrastats(monkeypatch, tmp_path, lines("orin_nano_jp6.txt"))
     with open_telemetry("auto", interval_s=INTERVAL) as tel:
         assert tel.source == "tegrastats"
-    assert notes == ["telemetry: jtop unavailable (JtopException: The jtop.service is not active. "
-                     "Please run:), using tegrastats"]
+    assert len(notes) == 1
+    assert notes[0].startswith("telemetry: jtop unavailable (JtopException: The jtop.service is not active. "
+                               "Please run:), " + NO_RAIL)
+    assert notes[0].endswith("), using tegrastats")
 
 
 def test_jtop_present_samples_through_the_adapter(monkeypatch, notes):
@@ -403,7 +423,7 @@ def test_kind_none_gives_an_empty_valid_summary(notes):
 
 
 def test_bad_arguments_raise_with_the_choices():
-    with pytest.raises(ValueError, match="auto, jtop, tegrastats, nvml, none"):
+    with pytest.raises(ValueError, match="auto, jtop, sysfs, tegrastats, nvml, none"):
         open_telemetry("tegra")
     with pytest.raises(ValueError, match="interval_s"):
         open_telemetry("none", interval_s=0)

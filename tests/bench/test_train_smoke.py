@@ -58,7 +58,7 @@ def test_smoke_train_export_resume(tmp_path: Path) -> None:
     common = ["--out", str(out), "--data", str(tmp_path / "none.npz")]   # synthetic images
     r = run_train(*common, "--steps", "3")
     assert r.returncode == 0, r.stdout + r.stderr
-    w = load_weights(out / "model.npz")
+    w = load_weights(out / "model.safetensors")
     assert (w.config.image_size, w.config.dim) == (16, 8)
     assert w.manifest["extra"]["steps"] == 3
     assert (out / "samples.png").is_file() and (out / "ckpt.pt").is_file()
@@ -69,7 +69,7 @@ def test_smoke_train_export_resume(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     assert [int(row["step"]) for row in rows] == [1, 2, 3, 4, 5]
     assert all(np.isfinite(float(row["loss"])) for row in rows)
-    assert load_weights(out / "model.npz").manifest["extra"]["steps"] == 5
+    assert load_weights(out / "model.safetensors").manifest["extra"]["steps"] == 5
 
 
 def test_bad_dataset_is_exit_2(tmp_path: Path) -> None:

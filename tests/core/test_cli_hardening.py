@@ -78,8 +78,10 @@ OUTPUTS = {   # name: (main, prog, argv(weights, target), flag, the target is a 
                     "--json", False),
     "tune --out-dir": (tune.main, "jetson-tune", lambda w, t: ["--out-dir", t], "--out-dir", True),
     "weights random OUT": (cli.weights_cli, "jetson-weights", lambda w, t: ["random", t], "OUT", False),
+    "weights convert DST": (cli.weights_cli, "jetson-weights", lambda w, t: ["convert", w, t], "DST", False),
 }
-SUFFIX = {"sample --out": ".png", "sample --trace": ".json", "tune --json": ".json", "weights random OUT": ".npz"}
+SUFFIX = {"sample --out": ".png", "sample --trace": ".json", "tune --json": ".json", "weights random OUT": ".npz",
+          "weights convert DST": ".safetensors"}
 
 
 @pytest.mark.parametrize("kind", ["not-a-folder", "proc", "sys", "read-only", "permission"])
@@ -136,8 +138,8 @@ NUMBERS = {   # (main, prog, base argv): {flag: bad values}
         "--sms": ["0"], "--budget": ["lots", "inf", "0"]}),
     "bench": (runner.main, "jetson-bench", [], {
         "--batch": ["0"], "--steps": ["0"], "--eta": ["nan"], "--runs": ["0", "x"], "--warmup": ["-1"],
-        "--seed": ["-1"], "--interval": ["0", "nan", "-1"], "--cold-timeout": ["0", "inf"]}),
-    "tune": (tune.main, "jetson-tune", [], {"--batch": ["0"], "--split-top": ["0", "x"]}),
+        "--seed": ["-1"], "--interval": ["0", "nan", "-1"], "--cold-timeout": ["0", "inf"], "--sms": ["0", "x"]}),
+    "tune": (tune.main, "jetson-tune", [], {"--batch": ["0"], "--split-top": ["0", "x"], "--sms": ["0"]}),
     "weights random": (cli.weights_cli, "jetson-weights", ["random", "w.npz"], {"--seed": ["-1", "x"]}),
 }
 CASES = [(cli_name, flag, v) for cli_name, (_m, _p, _b, flags) in NUMBERS.items() for flag, vs in flags.items()

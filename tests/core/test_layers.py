@@ -11,7 +11,7 @@ import jetson_unet
 ROOT = Path(jetson_unet.__file__).resolve().parent
 # bottom up; modules of one layer may import each other
 LAYERS = [("errors", "paths", "files", "logs", "trace"), ("model",), ("backends",), ("ops",), ("build",),
-          ("executor",), ("sampling",), ("pipeline",), ("cli",), ("tune", "bench"), ("__main__",)]
+          ("executor",), ("sampling",), ("pipeline",), ("cli",), ("tune", "bench", "serve"), ("__main__",)]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 

@@ -3,7 +3,7 @@
 tools/make_parity_fixture.py ran torch in float64 and stored its eps; here the reference runs the
 same x and t. Two fixtures:
 - parity_random.npz: random_params of a small config (rebuilt here from its seed), always runs;
-- parity.npz: the shipped model weights/seed-unet-emoji64.npz, skipped where it is absent.
+- parity.npz: the shipped model weights/seed-unet-emoji64.safetensors, skipped where it is absent.
 
 Tolerances (relative L2 per timestep group, ||ref - torch|| / ||torch||), written once:
 - float64: 1e-10. Both sides are float64 end to end; they differ only in summation order
@@ -24,7 +24,7 @@ from jetson_unet.model.weights import Weights, content_hash, load_weights, rando
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
-SHIPPED = ROOT / "weights" / "seed-unet-emoji64.npz"
+SHIPPED = ROOT / "weights" / "seed-unet-emoji64.safetensors"
 REL_TOL = {np.float32: 1e-5, np.float64: 1e-10}
 REGENERATE = "python -m tools.make_parity_fixture"
 

@@ -23,7 +23,7 @@ def weights() -> Any:
     from jetson_unet.paths import models_dir
     from jetson_unet.model.config import UNetConfig
     from jetson_unet.model.weights import Weights, load_weights, random_params
-    path = models_dir() / "seed-unet-emoji64.npz"
+    path = models_dir() / "seed-unet-emoji64.safetensors"
     if path.is_file():
         return load_weights(path)
     cfg = UNetConfig()

@@ -92,7 +92,7 @@ class Faulty(FakeBackend):
 @pytest.fixture
 def faulty(monkeypatch):
     def install(be: Faulty) -> Faulty:
-        monkeypatch.setattr("jetson_unet.backends.get_backend", lambda name="cupy": be)
+        monkeypatch.setattr("jetson_unet.backends.get_backend", lambda name="cupy", sms=None: be)
         return be
     return install
 

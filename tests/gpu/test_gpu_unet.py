@@ -31,7 +31,7 @@ class W:
 
 @pytest.fixture(scope="module")
 def case():
-    path = models_dir() / "seed-unet-emoji64.npz"
+    path = models_dir() / "seed-unet-emoji64.safetensors"
     weights = load_weights(path) if path.is_file() else W(UNetConfig(), seed=5)
     cfg = weights.config
     rng = np.random.default_rng(123)

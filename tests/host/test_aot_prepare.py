@@ -36,6 +36,12 @@ class W:
         self.config, self.params = cfg, random_params(cfg, seed)
 
 
+@pytest.fixture(autouse=True)
+def no_shipped_cubins(tmp_path, monkeypatch):
+    """--prepare with no shipped cubins to skip (tests/host/test_shipped_cubins.py covers those)."""
+    monkeypatch.setattr(aot, "shipped_cache", lambda: cubins.CubinCache(tmp_path / "no-shipped", read_only=True))
+
+
 @pytest.mark.parametrize("cfg", [UNetConfig(), TINY], ids=["default", "tiny"])
 @pytest.mark.parametrize("sms", [4, 8, 132])
 def test_module_keys_are_what_the_executor_asks_for(cfg, sms, monkeypatch):
@@ -52,7 +58,7 @@ def test_targets_and_batches():
     assert (t87.arch, t87.sms, t72.sms) == (87, (4, 8), (6, 8)) and "Orin Nano 4GB" in t87.label
     assert aot.parse_targets(["90"], sms=[132])[0].sms == (132,)
     assert aot.parse_targets(["native"], native=lambda: (90, 132, "H100"))[0] == \
-        aot.Target(90, (132,), "sm_90 (native: H100, 132 SMs)", device="H100")
+        aot.Target(90, (132,), "sm_90 (native: H100, 132 SMs)")
     with pytest.raises(UsageError, match="--sms"):
         aot.parse_targets(["90"])
     with pytest.raises(UsageError, match="87, sm_87, or native"):
@@ -94,41 +100,34 @@ def _tuned_tiles_file(w, folder, device, sms, precision, batch):
     path = Path(folder) / tuning.file_name(device, sms, precision, batch)
     tuning.dump_tiles(path, tiles, dict(device=device, sms=sms, precision=precision, batch=batch,
                                         config=w.config.to_dict()))
-    assert aot.module_keys(w, precision, batch, sms, tiles) != aot.module_keys(w, precision, batch, sms)
+    assert aot.module_keys(w, precision, batch, sms, tiles, dirs=()) != \
+        aot.module_keys(w, precision, batch, sms, dirs=())
     return path
 
 
-def test_prepare_builds_the_module_of_the_tuned_tiles_the_executor_finds(tmp_path, monkeypatch):
-    """Measured tiles (a tuning file) change the executor's module: --prepare must build that one, or
-    the first run compiles after all (the H100's shipped files once did). Native:
-    the executor's module only. Cross (arch and SM count): the built-in tiles' module and one per
-    tuning file of that SM count, whatever its device (a file tuned on the board, copied back)."""
+def test_tuning_files_join_the_module_of_their_sm_count(tmp_path, monkeypatch):
+    """Measured tiles (a tuning file) join the module of every run of that SM count and precision,
+    whatever its device, batch or KernelPolicy: --prepare builds that one module, and a batch size
+    with a file of its own (the H100's b1 and b16) or without one loads it with no compile."""
     monkeypatch.setattr(KernelSet, "_cache", {})
     monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path))
     w = W(TINY)
     _tuned_tiles_file(w, tmp_path, "fake", 8, "fp16", 1)
-    _tuned_tiles_file(w, tmp_path, "fake", 4, "fp16", 1)     # another SM count: not for an 8-SM target
-    native = aot.Target(87, (8,), "sm_87 (native: fake, 8 SMs)", device="fake")
+    _tuned_tiles_file(w, tmp_path, "other", 8, "fp16", 4)
+    b1 = aot.module_keys(w, "fp16", 1, 8)
+    assert b1 == aot.module_keys(w, "fp16", 16, 8) != aot.module_keys(w, "fp16", 1, 8, dirs=())
     log, lines = [], []
-    assert aot.prepare(w, [native], ["fp16"], [1], fake_compiler(log), cubins.CubinCache(), lines.append) == 0
+    native = aot.parse_targets(["native"], native=lambda: (87, 8, "fake"))
+    assert aot.prepare(w, native, ["fp16"], [1, 4, 16], fake_compiler(log), cubins.CubinCache(), lines.append) == 0
     assert len(log) == 1, lines
     nv = cupy_nvrtc(monkeypatch)                              # what the runtime would compile with
-    be = CubinBackend()                                       # device "fake", 8 SMs: finds the file
-    with GpuExecutor(w, "fp16", batch=1, backend=be) as ex:
-        assert ex.tiles_from == str(tmp_path / "tiles-fake-8sm-fp16-b1.json")
-        assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1
-
-    monkeypatch.setattr(KernelSet, "_cache", {})
-    monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path / "cache2"))
-    log, lines = [], []
-    cross = aot.parse_targets(["87"], sms=[8])
-    assert aot.prepare(w, cross, ["fp16"], [1], fake_compiler(log), cubins.CubinCache(), lines.append) == 0
-    assert len(log) == 2, lines                               # built-in + the 8-SM file
-    for tiles in ({}, "builtin", None):                       # given built-in tiles; found by name
+    for batch, tiles in ((1, None), (4, None), (16, None), (2, "builtin"), (1, {})):
         KernelSet._cache.clear()                              # each a new process
-        be = CubinBackend()
-        with GpuExecutor(w, "fp16", batch=1, backend=be, policy=KernelPolicy(tiles=tiles)):
+        be = CubinBackend()                                   # device "fake", 8 SMs
+        with GpuExecutor(w, "fp16", batch=batch, backend=be, policy=KernelPolicy(tiles=tiles)) as ex:
+            found = (batch, tiles) == (1, None)                # "other"'s b4 file is not this device's
+            assert ex.tiles_from == (str(tmp_path / "tiles-fake-8sm-fp16-b1.json") if found else None)
             assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1
 
 

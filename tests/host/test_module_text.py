@@ -1,9 +1,9 @@
 """The guardrail of refactors: the generated CUDA module text and every launch of the executor (symbol,
 grid, block, shared memory, arguments) for the shipped model, hashed per configuration (fp16, bf16,
-fp32; batch 1 and 16; the built-in tiles of an 8-SM and a 132-SM GPU, and each shipped tuning file)
-and held to tests/fixtures/module_text.json. A move or rename leaves every hash as it was; a change
-of a kernel file changes `module` only; a change of what the launchers choose changes
-`instantiations` and `launches` too. Record an intended change with
+fp32; batch 1 and 16; the built-in tiles of an 8-SM and a 132-SM GPU, and each shipped tuning file,
+whose tiles join every module of its SM count) and held to tests/fixtures/module_text.json. A move or
+rename leaves every hash as it was; a change of a kernel file changes `module` only; a change of what
+the launchers choose changes `instantiations` and `launches` too. Record an intended change with
 
     python -m tests.host.test_module_text --write
 
@@ -46,8 +46,9 @@ def configurations(weights) -> Iterator[Tuple[str, str, int, int, Optional[dict]
             for sms in (8, 132):
                 yield f"{precision}-b{batch}-builtin-{sms}sm", precision, batch, sms, {}
             for f in sorted(shipped_tiles_dir().glob(f"tiles-*-{precision}-b{batch}.json")):
-                yield f"{precision}-b{batch}-{f.stem}", precision, batch, 132, load_tiles(
-                    f, precision, batch, 132, weights.config)
+                n = int(f.stem.rsplit("sm-", 1)[0].rsplit("-", 1)[1])
+                yield f"{precision}-b{batch}-{f.stem}", precision, batch, n, load_tiles(
+                    f, precision, batch, n, weights.config)
 
 
 def _arg(a) -> str:
@@ -55,10 +56,10 @@ def _arg(a) -> str:
 
 
 def hashes() -> Dict[str, Dict[str, str]]:
-    weights = load_weights(models_dir() / "seed-unet-emoji64.npz")
+    weights = load_weights(models_dir() / "seed-unet-emoji64.safetensors")
     out = {}
     for label, precision, batch, sms, tiles in configurations(weights):
-        text = module_source(module_keys(weights, precision, batch, sms, tiles))
+        text = module_source(module_keys(weights, precision, batch, sms, tiles, dirs=(shipped_tiles_dir(),)))
         KernelSet._cache.clear()
         ex = GpuExecutor(weights, precision, batch=batch, backend=FakeBackend(sms=sms),
                          policy=KernelPolicy(tiles=tiles))
@@ -69,7 +70,7 @@ def hashes() -> Dict[str, Dict[str, str]]:
     return out
 
 
-@pytest.mark.skipif(not (models_dir() / "seed-unet-emoji64.npz").is_file(), reason="no shipped model")
+@pytest.mark.skipif(not (models_dir() / "seed-unet-emoji64.safetensors").is_file(), reason="no shipped model")
 def test_module_text_and_launches_are_as_recorded():
     want = json.loads(FIXTURE.read_text())
     got = hashes()

@@ -236,9 +236,10 @@ def test_real_nvrtc_errors(real_nvrtc):
 
 
 @pytest.mark.slow
-def test_real_fp32_modules_for_sm72(real_nvrtc, tmp_path):
+def test_real_fp32_modules_for_sm72(real_nvrtc, tmp_path, monkeypatch):
     """Every module the shipped config needs on Xavier (fp32; both boards' SM counts; batches 1, 4,
     16): a CUDA ELF whose e_flags name sm_72, holding every kernel; fp16/bf16 refused in one line."""
+    monkeypatch.setattr(aot, "shipped_cache", lambda: cubins.CubinCache(tmp_path / "none", read_only=True))
     comp = compilers.nvrtc_compiler(real_nvrtc)
     cache, lines = cubins.CubinCache(tmp_path), []
     fails = aot.prepare(W(UNetConfig()), aot.parse_targets(["72"]), ["fp16", "fp32", "bf16"], [1, 4, 16],
@@ -252,3 +253,21 @@ def test_real_fp32_modules_for_sm72(real_nvrtc, tmp_path):
         assert (meta["arch"], meta["toolchain"]) == (72, comp.toolchain)
         assert cubins.elf_arch(data) == 72 and cubins.check_cubin(data, 72, meta["symbols"]) is None
         assert all(s.endswith("_f32") or "_f32_" in s for s in meta["symbols"]), meta["symbols"]
+
+
+@pytest.mark.slow
+def test_cli_nvrtc_cu12_builds_sm87_cubins_a_jetpack6_driver_reads(tmp_path, tiny_weights_path, capsys):
+    """`jetson-sample --prepare --arch 87 --nvrtc <libnvrtc.so of nvidia-cuda-nvrtc-cu12>`, the cross-build
+    for an Orin on JetPack 6: an sm_87 cubin in CUDA 12's ELF layout (ABI version 7; CUDA 13's NVRTC writes
+    8, which a CUDA 12 driver cannot load). Skips without the cu12 wheel; 7-20 s on 2 cores."""
+    lib = nvrtc_lib.pip_library()
+    if lib is None or ".so.12" not in lib:
+        pytest.skip("no nvidia-cuda-nvrtc-cu12 here (`pip install nvidia-cuda-nvrtc-cu12`)")
+    argv = ["--prepare", "--nvrtc", lib, "--arch", "87", "--sms", "8", "--precision", "fp32", "--batch", "1",
+            "--weights", str(tiny_weights_path), "--cache", str(tmp_path)]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    built = sorted(tmp_path.rglob("*.cubin"))
+    assert len(built) == 1 and f"({lib})" in capsys.readouterr().out
+    data, meta = built[0].read_bytes(), json.loads(built[0].with_suffix(".json").read_text())
+    assert meta["arch"] == 87 and meta["toolchain"].startswith("nvrtc 12.")
+    assert cubins.elf_arch(data) == 87 and data[8] == 7 and cubins.check_cubin(data, 87, meta["symbols"]) is None

@@ -90,7 +90,7 @@ def test_compiler_log_and_missing_nvcc_become_kernel_compile_errors(tmp_path):
 # ---- one-line errors when something is missing ------------------------------------------------------------
 @pytest.fixture
 def fresh_backends(monkeypatch):
-    monkeypatch.delitem(_CACHE, "pycuda", raising=False)
+    monkeypatch.delitem(_CACHE, ("pycuda", None), raising=False)
     yield
     _CACHE.pop("pycuda", None)
 

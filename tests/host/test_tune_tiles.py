@@ -85,12 +85,12 @@ def fresh_kernel_cache():
 
 @pytest.fixture(scope="module")
 def weights():
-    return load_weights(os.path.join(ROOT, "weights", "seed-unet-emoji64.npz"))
+    return load_weights(os.path.join(ROOT, "weights", "seed-unet-emoji64.safetensors"))
 
 
 def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_path, monkeypatch):
     fake = TimedFake()
-    monkeypatch.setattr(tune, "get_backend", lambda name: fake)
+    monkeypatch.setattr(tune, "get_backend", lambda name, sms=None: fake)
     assert tune.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path)]) == 0
     path = tmp_path / "tiles-fake-8sm-fp16-b2.json"
     doc = json.loads(path.read_text())
@@ -138,7 +138,7 @@ def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, mo
 
     fake = TimedFake()   # one for both runs: its kernels are cached by backend name
     monkeypatch.setattr(tune, "time_rounds", fake_rounds)
-    monkeypatch.setattr(tune, "get_backend", lambda name: fake)
+    monkeypatch.setattr(tune, "get_backend", lambda name, sms=None: fake)
     assert tune.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path)]) == 0
     tiles = load_tiles(tmp_path / "tiles-fake-8sm-fp16-b2.json", "fp16", 2, 8, weights.config)
     plan = build_plan(weights.config)
@@ -174,7 +174,7 @@ def test_top_shapes_takes_the_fastest_variant_of_each_shape():
 
 
 def test_usage_errors_are_one_line_and_exit_2_before_any_gpu_work(capsys, monkeypatch):
-    def no_gpu(name):
+    def no_gpu(name, sms=None):
         raise AssertionError("a usage error must come before the backend")
 
     monkeypatch.setattr(tune, "get_backend", no_gpu)
@@ -195,7 +195,7 @@ def test_version_and_default_output_folder(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path / "tiles"))   # where the executor looks
     seen = {}
 
-    def stop(name):
+    def stop(name, sms=None):
         seen["out_dir"] = (tmp_path / "tiles").is_dir()
         raise ConfigError("stop here")
 

@@ -311,7 +311,7 @@ def print_prediction(steps: int, batch: int, lines: List[Tuple[str, Dict[str, Tu
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--weights", default=None, help="model .npz (default: the shipped model, else random)")
+    ap.add_argument("--weights", default=None, help="weights file (default: the shipped model, else random)")
     ap.add_argument("--precision", choices=tuple(ELEM_BYTES), default="fp16", help="(default: fp16)")
     ap.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
     ap.add_argument("--steps", type=int, default=None, help="steps per image (default: the model's T)")
@@ -319,13 +319,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fit-batch", type=int, default=32,
                     help="second batch of the whole-call fit, where the kernels have work (default: 32)")
     ap.add_argument("--no-gpu", action="store_true", help="floors only: measure nothing")
+    ap.add_argument("--sms", type=int, default=None, help="measure on a slice of N SMs (a CUDA green context)")
     ap.add_argument("--json", default="", help="also write every figure to this JSON file")
     return ap
 
 
 def load_model(path: Optional[str]) -> Any:
     from jetson_unet.model.weights import load_weights
-    path = path or str(models_dir() / "seed-unet-emoji64.npz")
+    path = path or str(models_dir() / "seed-unet-emoji64.safetensors")
     return load_weights(path) if os.path.isfile(path) else RandomWeights(UNetConfig())
 
 
@@ -355,7 +356,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from jetson_unet.backends import get_backend, gpu_available
         reason = gpu_available("cupy")
         if reason is None:
-            backend = get_backend("cupy")
+            backend = get_backend("cupy", args.sms)
         else:
             print(f"note: no GPU measurement ({reason})", file=sys.stderr)
     if backend is not None:

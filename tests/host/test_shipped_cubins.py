@@ -1,0 +1,156 @@
+"""The cubins shipped with the package (runtime/cubins/, built by `python -m tools.build_kernels`): every
+module that tools.build_kernels plans is there and valid, and no other file; the module a run asks
+for on each GPU of each shipped arch (SM counts of real boards and cards, batch 1 to 64) is one of
+them; a run loads it and compiles nothing; a shipped entry that fails validation or that the driver
+refuses is skipped, never deleted, and the kernels compile. No GPU needed."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cubin_fakes import CubinBackend, cupy_nvrtc, fake_compiler, fake_cubin
+from tests.helpers.fakes import own_module_cache  # noqa: F401  (fixture: an empty KernelSet cache per test)
+
+from jetson_unet import logs
+from jetson_unet.build import loader
+from jetson_unet.build.cache import CubinCache
+from jetson_unet.build.loader import load_module
+from jetson_unet.build.sources import module_source, nvrtc_options
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.model.arena import view_layout
+from jetson_unet.model.plan import CAT, build_plan
+from jetson_unet.model.weights import load_weights
+from jetson_unet.ops.common import Ctx
+from jetson_unet.ops.keys import SimpleKey
+from jetson_unet.ops.specs import all_tile_keys, op_key
+from jetson_unet.ops.tuning import tile_files
+from jetson_unet.paths import shipped_cubins_dir, shipped_tiles_dir
+from jetson_unet.pipeline import default_weights_path
+from tools import build_kernels
+
+REBUILD = "rebuild them: `python -m tools.build_kernels --nvrtc DIR` (its docstring)"
+# SM counts of the GPUs of each shipped arch (boards, cards, H100 slices), beyond tools.build_kernels.SHIP_SMS
+GPU_SMS = {72: (6, 8), 75: (40, 46, 68, 72), 80: (56, 108), 86: (28, 46, 68, 82, 84), 87: (4, 6, 8, 14, 16),
+           89: (24, 58, 76, 128, 142), 90: (8, 16, 66, 114, 132)}
+BATCHES = (1, 3, 16, 64)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return load_weights(default_weights_path())
+
+
+@pytest.fixture(scope="module")
+def planned(weights):
+    return build_kernels.plan(weights)
+
+
+def test_every_planned_module_is_shipped_and_nothing_else(planned, capsys):
+    """The dry run lists every module as present and no stale file, the same way each time."""
+    lines = []
+    assert build_kernels.listing(planned, shipped_cubins_dir(), lines.append) == (0, 0), \
+        f"the shipped cubins are not those of today's kernels and tiles: {REBUILD}\n" + "\n".join(lines)
+    assert build_kernels.main(["--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines() == lines, "the build plan is not reproducible"
+
+
+def test_every_gpu_and_batch_asks_for_a_shipped_module(weights, planned):
+    """For each SM count and precision: the keys of every batch fall inside the module's grid keys, so
+    the run's module is the grid's (batch-independent), and that module is shipped for each arch."""
+    plan = build_plan(weights.config)
+    views = view_layout(plan)
+    ops = [op for op in plan.ops if op.kind != CAT]
+
+    @functools.lru_cache(maxsize=None)
+    def grid(precision, tuned_sms):   # the grid keys do not depend on the SM count, tuning files do
+        ctx = Ctx(plan, weights.params, precision, 1, tuned_sms or 1, views)
+        return frozenset(all_tile_keys(ctx, tile_files(weights.config, tuned_sms, precision, (shipped_tiles_dir(),))))
+
+    def source(precision, sms):
+        tuned = tile_files(weights.config, sms, precision, (shipped_tiles_dir(),))
+        keys = grid(precision, sms if tuned else 0)
+        for b in BATCHES:
+            own = {op_key(op, Ctx(plan, weights.params, precision, b, sms, views)) for op in ops}
+            assert own <= keys, f"{precision} batch {b} on {sms} SMs: {sorted(k.symbol for k in own - keys)}"
+        return module_source(keys)
+
+    shipped = {(m.arch, m.precision, m.source) for m in planned}
+    for arch, counts in GPU_SMS.items():
+        for precision in build_kernels.SHIP_PRECISIONS if arch >= 80 else ("fp32",):
+            for sms in counts:
+                assert (arch, precision, source(precision, sms)) in shipped, (arch, precision, sms)
+
+
+@pytest.mark.parametrize("arch, sms, device", [(90, 132, "NVIDIA H100 80GB HBM3"), (87, 8, "Orin")])
+def test_a_run_loads_the_shipped_module_and_compiles_nothing(weights, tmp_path, monkeypatch, arch, sms, device):
+    """Batch 1 and 16 on an H100 (each with its own tuning file) and on an Orin Nano: one shipped module."""
+    monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path))
+    monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path / "no-user-tiles"))   # the shipped tuning files only
+    nv = cupy_nvrtc(monkeypatch)
+    be = CubinBackend(arch=arch)
+    be._sms, be.device_name = sms, lambda: device
+    tiles = []
+    for batch in (1, 16):                      # one module loaded, then kept in memory for every batch size
+        with GpuExecutor(weights, "fp16", batch=batch, backend=be) as ex:
+            tiles.append(ex.tiles_from and Path(ex.tiles_from).name)
+    assert arch != 90 or tiles == [f"tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b{b}.json" for b in (1, 16)]
+    assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1, REBUILD
+    assert be.loads[0].parent == shipped_cubins_dir() and not list(tmp_path.rglob("*.cubin"))
+
+
+KEYS = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32")]
+SOURCE, OPTIONS = module_source(KEYS), nvrtc_options(87)
+SYMBOLS = sorted(k.symbol for k in KEYS)
+
+
+def _shipped(folder, data=None):
+    """A read-only folder holding one entry of SOURCE for sm_87 (its bytes replaced by `data`)."""
+    path = CubinCache(folder).store(fake_cubin(87, SYMBOLS), SOURCE, OPTIONS, 87, "nvrtc 11.8", SYMBOLS)
+    if data is not None:
+        path.write_bytes(data)
+    return CubinCache(folder, read_only=True), path
+
+
+def _load(be, shipped, cache, builds):
+    return load_module(be, SOURCE, "seed-unet", OPTIONS, SYMBOLS, 87, cache=cache, compiler=fake_compiler(builds),
+                       shipped=shipped)
+
+
+def test_the_shipped_entry_comes_before_the_cache(tmp_path):
+    shipped, path = _shipped(tmp_path / "shipped")
+    cache, builds, be = CubinCache(tmp_path / "cache"), [], CubinBackend()
+    cache.store(fake_cubin(87, SYMBOLS), SOURCE, OPTIONS, 87, "nvrtc 12.6", SYMBOLS)
+    _load(be, shipped, cache, builds)
+    assert be.loads == [path] and builds == [] and loader.LOADS[-1][0] == "shipped"
+
+
+@pytest.mark.parametrize("how", ["corrupt", "refused"])
+def test_a_bad_shipped_entry_is_skipped_not_deleted(tmp_path, how):
+    good = fake_cubin(87, SYMBOLS)
+    shipped, path = _shipped(tmp_path / "shipped", good[:-3] if how == "corrupt" else None)
+    before = sorted(p.name for p in path.parent.iterdir())
+    cache, builds = CubinCache(tmp_path / "cache"), []
+    be = CubinBackend(refuse={path.name} if how == "refused" else ())
+    with logs.captured() as notes:
+        _load(be, shipped, cache, builds)
+    assert builds == [(87, "seed-unet.cu")] and be.loads[-1].parent == cache.root
+    assert sorted(p.name for p in path.parent.iterdir()) == before
+    assert any(n.startswith(f"skipped the shipped kernels {path.name}") for n in notes), notes
+    assert loader.LOADS[-1][0] == "compiled"
+
+
+def test_prepare_skips_what_is_shipped(weights, tmp_path, planned):
+    from jetson_unet.build import aot
+    lines, builds = [], []
+    t = aot.Target(90, (132,), "sm_90")
+    assert aot.prepare(weights, [t], ["fp16"], [1], fake_compiler(builds), CubinCache(tmp_path), lines.append) == 0
+    assert builds == [] and lines[-1].startswith("sm_90 fp16 (132 SMs") and "shipped with the package" in lines[-1]
+
+
+def test_the_shipped_folder_is_package_data():
+    import jetson_unet.cubins
+    assert Path(jetson_unet.cubins.__file__).parent == shipped_cubins_dir()
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert '"jetson_unet.cubins" = ["*.cubin", "*.json"]' in text and '"jetson_unet.cubins"]' in text

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Build the kernel modules shipped with the package: the shipped model's cubins in runtime/cubins/
+(package data jetson_unet.cubins), which the loader takes before the user's cache, so that no run of
+the shipped model on these GPUs compiles.
+
+    pip install --target /tmp/nvrtc11 nvidia-cuda-nvrtc-cu11==11.8.89
+    python -m tools.build_kernels --nvrtc /tmp/nvrtc11/nvidia/cuda_nvrtc/lib   # build the missing, drop the stale
+    python -m tools.build_kernels --dry-run                                     # list: present, missing, stale
+
+Run it at release time, and after any change of kernels/, of the tile rules or of runtime/tiles/
+(tests/host/test_shipped_cubins.py fails until then). Build with the oldest NVRTC that targets every
+arch here, CUDA 11.8's: a driver loads a cubin of its own CUDA version or an older one, not of a newer
+one. One module per (arch, precision) serves every batch size up to 64 and every SM count, but an SM
+count with tuning files of its own (runtime/tiles/: 8 and 132) has a module of its own
+(ops.specs.all_tile_keys). An existing entry of the same toolchain is kept, so a second run builds
+nothing; an entry no module needs any more is removed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from jetson_unet.build import aot
+from jetson_unet.build.cache import CubinCache
+from jetson_unet.build.sources import nvrtc_options
+from jetson_unet.model.weights import load_weights
+from jetson_unet.paths import shipped_cubins_dir
+from jetson_unet.pipeline import default_weights_path
+
+# arch -> SM counts: sm_72 Xavier NX / AGX; sm_75 T4; sm_80 A100; sm_86 A40; sm_87 Orin Nano 4 GB and
+# 8 GB; sm_89 RTX 4090; sm_90 an 8-SM slice, H100 PCIe, H100 SXM / H200. Any other SM count without a
+# tuning file of its own asks for the module of a count here without one (tests/host/test_shipped_cubins.py
+# checks the SM counts of each arch's GPUs); fp16 needs sm_80+ (aot.target_precisions).
+SHIP_SMS = {72: (6, 8), 75: (40,), 80: (108,), 86: (84,), 87: (4, 8), 89: (128,), 90: (8, 114, 132)}
+SHIP_PRECISIONS = ("fp16", "fp32")   # bf16 (2.5 MB a module) compiles on first use
+SHIP_BATCHES = (1,)                  # one module serves batches 1..64 (ops.specs.MODULE_BATCHES)
+NAME = "seed-unet"
+Out = Callable[[str], None]
+
+
+def plan(weights: Any) -> List[aot.Module]:
+    """Every module to ship, in SHIP_SMS order."""
+    quiet: Out = lambda _: None  # noqa: E731
+    return [m for arch, sms in SHIP_SMS.items()
+            for p in aot.target_precisions(arch, SHIP_PRECISIONS, quiet)
+            for m in aot.plan_modules(weights, aot.Target(arch, sms, f"sm_{arch}"), p, SHIP_BATCHES)]
+
+
+def entry(m: aot.Module, cache: CubinCache) -> Optional[Any]:
+    """The valid entry of module m in the cache, any toolchain's (the loader's lookup), or None."""
+    return next(cache.find(m.source, nvrtc_options(m.arch), m.arch, None, m.symbols, NAME), None)
+
+
+def listing(modules: Sequence[aot.Module], folder: Path, out: Out) -> Tuple[int, int]:
+    """One line per module (its file, or MISSING) and per stale file, then a total; (missing, stale)."""
+    cache = CubinCache(folder, read_only=True)
+    keep, missing, nbytes = set(), 0, 0
+    for m in modules:
+        e = entry(m, cache)
+        if e is None:
+            missing += 1
+            out(f"{m.label}: MISSING")
+            continue
+        keep.update((e.cubin.name, e.sidecar.name))
+        nbytes += e.cubin.stat().st_size
+        out(f"{m.label}: {e.cubin.name} ({e.toolchain}, {e.cubin.stat().st_size / 1e6:.1f} MB)")
+    stale = stale_files(folder, keep)
+    for p in stale:
+        out(f"stale: {p.name}")
+    out(f"{len(modules)} modules: {len(modules) - missing} present ({nbytes / 1e6:.1f} MB), {missing} missing, "
+        f"{len(stale)} stale files")
+    return missing, len(stale)
+
+
+def stale_files(folder: Path, keep: Any) -> List[Path]:
+    return sorted(p for p in folder.glob("*") if p.suffix in (".cubin", ".json") and p.name not in keep)
+
+
+def _build(job: Tuple[aot.Module, Optional[str], str]) -> Tuple[int, List[str]]:
+    """In a worker process: build one module into the folder with the named NVRTC (else pick_compiler's)."""
+    m, library, folder = job
+    lines: List[str] = []
+    compiler = aot.pick_compiler("auto", library=library).for_arch(m.arch)
+    return aot.build_module(m, compiler, CubinCache(Path(folder)), lines.append, NAME), lines
+
+
+def build(modules: Sequence[aot.Module], folder: Path, library: Optional[str], jobs: int, out: Out) -> int:
+    """Build every module missing from the folder (jobs at a time), then remove the stale files."""
+    failures = 0
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for fails, lines in pool.map(_build, [(m, library, str(folder)) for m in modules]):
+            failures += fails
+            for line in lines:
+                out(line)
+    if failures:
+        return failures
+    cache = CubinCache(folder, read_only=True)
+    keep = {n for m in modules for e in [entry(m, cache)] if e for n in (e.cubin.name, e.sidecar.name)}
+    for p in stale_files(folder, keep):
+        p.unlink()
+        out(f"removed {p.name}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nvrtc", default=None, help="libnvrtc.so (or its folder) to build with: CUDA 11.8's")
+    ap.add_argument("--dry-run", action="store_true", help="list the modules and files; build nothing")
+    ap.add_argument("--jobs", type=int, default=2, help="modules compiled side by side (one process each)")
+    ap.add_argument("--into", default=str(shipped_cubins_dir()), help="the folder (default: the package's)")
+    args = ap.parse_args(argv)
+    modules = plan(load_weights(default_weights_path()))
+    folder = Path(args.into)
+    if not args.dry_run:
+        failures = build(modules, folder, args.nvrtc, args.jobs, print)
+        if failures:
+            print(f"{failures} module(s) not built", file=sys.stderr)
+            return 1
+    missing, stale = listing(modules, folder, print)
+    return 1 if missing or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
