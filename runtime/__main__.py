@@ -13,6 +13,7 @@ commands (each with --help and --version):
   jetson-weights   make random weights for any config, or validate and describe a weights file
   jetson-bench     latency, images/s, power and energy per configuration, and cold starts
   jetson-tune      measure the tiles of every conv on this GPU into a tuning file
+  jetson-serve     the model behind Triton Inference Server, batched (the serve extra)
 
 Python API:
   from jetson_unet import Pipeline

@@ -34,6 +34,7 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >>"$LOG" 2>&1
 step gpu-tests 580 env GPU_REPORT="$OUT/gpu-report.txt" python3 -m pytest -m gpu tests/gpu -q -rs \
   --ignore=tests/gpu/test_gpu_pycuda.py --ignore=tests/gpu/test_gpu_tile_variants.py
+step gpu-faults 240 python3 -m pytest -m gpu tests/gpu/test_gpu_faults.py -q -rs
 step tile-variants 580 env GPU_REPORT="$OUT/gpu-report-tiles.txt" python3 -m pytest -m gpu \
   tests/gpu/test_gpu_tile_variants.py -q -rs -k "not deep"
 step tile-deep 480 env GPU_REPORT="$OUT/gpu-report-tiles-deep.txt" python3 -m pytest -m gpu \

@@ -10,6 +10,7 @@ run everywhere; the ones marked gpu run them on a real GPU through CuPy (skipped
 from __future__ import annotations
 
 import gc
+import os
 import weakref
 from pathlib import Path
 from typing import Any, List
@@ -23,6 +24,10 @@ from jetson_unet.errors import ArenaError
 from jetson_unet.pipeline import Pipeline
 from jetson_unet.sampling.gpu import GpuRunError, device_error
 
+# The real-GPU faults fill the device's memory and count what comes back: other tests running beside
+# them (pytest-xdist) would fail for lack of memory and move the count. They run in a session alone.
+ALONE = pytest.mark.skipif(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1,
+                           reason="fills the GPU's memory: run alone, pytest -m gpu tests/gpu/test_gpu_faults.py")
 MB = 1 << 20
 FREE_TOL = 16 * MB   # device memory not back after a fault (CUDA's 2 MB pages, context bookkeeping)
 
@@ -170,6 +175,7 @@ def warm(backend, path: str, **kw) -> int:
 
 
 @pytest.mark.gpu
+@ALONE
 @pytest.mark.parametrize("how", ["refused", "alloc-2", "alloc-3"])
 def test_gpu_out_of_memory(backend, weights, tmp_path, capsys, monkeypatch, how):
     """refused: the device nearly full before sampling (ArenaError with the largest batch that fits);
@@ -206,6 +212,7 @@ def test_gpu_out_of_memory(backend, weights, tmp_path, capsys, monkeypatch, how)
 
 
 @pytest.mark.gpu
+@ALONE
 @pytest.mark.parametrize("mode", ["gpu", "cpu"])
 def test_gpu_kernel_error_mid_run(backend, weights, tmp_path, capsys, monkeypatch, mode):
     """A launch the driver refuses (a block of 2048 threads: CUDA_ERROR_INVALID_VALUE) halfway
