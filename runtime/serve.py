@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="auto: CuPy when usable, else pycuda, else NumPy with a notice")
     p.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: fp16 on the GPU, fp32 on the CPU")
+    p.add_argument("--sms", type=number("--sms", 1), default=None,
+                   help="serve from a slice of N SMs (a CUDA green context, CuPy): a GPU shared with other work")
     p.add_argument("--max-batch-size", type=number("--max-batch-size", 1), default=16,
                    help="most images in one batch (Triton's max_batch_size); a GPU runs every batch at this size")
     p.add_argument("--queue-delay-us", type=number("--queue-delay-us", 0), default=1000,
@@ -237,7 +239,8 @@ def serve_main(argv: Optional[Sequence[str]] = None) -> int:
     set_verbosity(args)
     _pytriton()   # both before the weights load
     check_ports(args)
-    with Pipeline(_load_weights(args.weights), backend=args.backend, precision=args.precision) as pipe:
+    with Pipeline(_load_weights(args.weights), backend=args.backend, precision=args.precision,
+                  sms=args.sms) as pipe:
         pad_to = warm(pipe, args.max_batch_size)
         return serve(pipe, args, pad_to)
 

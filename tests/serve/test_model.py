@@ -92,7 +92,7 @@ def test_warm_refuses_a_max_batch_that_does_not_fit(pipe, monkeypatch):
 
 
 NUMBERS = {"--max-batch-size": ["0", "x", "1.5"], "--queue-delay-us": ["-1", "x"],
-           "--http-port": ["0", "65536", "x"], "--grpc-port": ["-1"], "--metrics-port": ["99999"]}
+           "--http-port": ["0", "65536", "x"], "--grpc-port": ["-1"], "--metrics-port": ["99999"], "--sms": ["0", "x"]}
 
 
 @pytest.mark.parametrize("flag, value", [(f, v) for f, vs in NUMBERS.items() for v in vs])
