@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import struct
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from jetson_unet import cli
 from jetson_unet.errors import (WeightsDtypeError, WeightsError, WeightsFileError, WeightsFormatError,
                                 WeightsHashError, WeightsNameError, WeightsShapeError, WeightsValueError)
 from jetson_unet.model import weights as W
+from tests.helpers.weights_load import failed_load
 from jetson_unet.model.config import UNetConfig
 from jetson_unet.model.plan import build_plan, param_shapes
 from jetson_unet.model.weights import (MAX_HEADER_BYTES, SAFETENSORS_KEY, file_hash, load_weights, save_weights)
@@ -96,23 +96,7 @@ def st_file(path: Path, arrays: dict | None = None, manifest=..., meta=..., edit
 def refuse(path: Path, monkeypatch, cls: type, tensor=None, traced: bool = False) -> tuple:
     """load_weights(path) raises exactly `cls` naming the file (and `tensor`); returns (error, the
     tensors whose data was read, the peak allocation when traced)."""
-    read: list = []
-    real = W._read_tensor
-
-    def spy(path_, f, name, *rest):
-        read.append(name)
-        return real(path_, f, name, *rest)
-
-    monkeypatch.setattr(W, "_read_tensor", spy)
-    if traced:
-        tracemalloc.start()
-    try:
-        with pytest.raises(WeightsError) as info:
-            load_weights(path)
-        peak = tracemalloc.get_traced_memory()[1] if traced else 0
-    finally:
-        tracemalloc.stop()
-    e = info.value
+    e, read, peak = failed_load(path, monkeypatch, "_read_tensor", 2, traced)
     assert type(e) is cls, f"{type(e).__name__} raised, {cls.__name__} expected: {e}"
     assert e.path == str(path) and str(path) in str(e) and "\n" not in str(e), e
     assert e.tensor == tensor, f"names tensor {e.tensor!r}, expected {tensor!r}: {e}"

@@ -23,7 +23,6 @@ import os
 import socket
 import stat
 import struct
-import tracemalloc
 import zipfile
 import zlib
 from pathlib import Path
@@ -36,6 +35,7 @@ from jetson_unet import cli
 from jetson_unet.errors import (ConfigError, WeightsError, WeightsFileError, WeightsFormatError,
                                 WeightsHashError)
 from jetson_unet.model import weights as W
+from tests.helpers.weights_load import failed_load
 from jetson_unet.model.config import BOUNDS, MAX_PARAMS, Schedule, UNetConfig
 from jetson_unet.model.plan import build_plan, param_shapes
 from jetson_unet.model.weights import MANIFEST_KEY, file_hash, load_weights, save_weights
@@ -159,23 +159,7 @@ class Refused(NamedTuple):
 def refuse(path: Path, monkeypatch, traced: bool = True) -> Refused:
     """load_weights(path) must raise a WeightsError; what it read, and how much it allocated
     (tracemalloc slows a load 4x: `traced` False skips it, peak 0)."""
-    read: list = []
-    real = W._read_array
-
-    def spy(path_, zf, info, tensor, *rest):
-        read.append(tensor)
-        return real(path_, zf, info, tensor, *rest)
-
-    monkeypatch.setattr(W, "_read_array", spy)
-    if traced:
-        tracemalloc.start()
-    try:
-        with pytest.raises(WeightsError) as info:
-            load_weights(path)
-        peak = tracemalloc.get_traced_memory()[1] if traced else 0
-    finally:
-        tracemalloc.stop()
-    e = info.value
+    e, read, peak = failed_load(path, monkeypatch, "_read_array", 3, traced)
     assert str(path) in str(e) and "\n" not in str(e), f"one line naming the file: {e}"
     assert "allow_pickle" not in str(e), f"numpy's advice leaked: {e}"
     return Refused(e, peak, read)
