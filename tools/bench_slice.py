@@ -28,7 +28,7 @@ from jetson_unet.model.cost import totals
 from jetson_unet.model.plan import build_plan
 from jetson_unet.model.schedule import make_steps
 from jetson_unet.pipeline import default_weights_path
-from tools.peers import SETTLE_S, in_fresh_process, peer_sampling
+from tools.peers import SETTLE_S, in_fresh_process, peer_sampling, torch_slice
 
 MATMUL_N = 4096
 
@@ -54,22 +54,9 @@ def ours_row(args: argparse.Namespace, sms: Optional[int], batch: int) -> Dict[s
     return {"impl": "ours", "sms": sm_count, "batch": batch, "steps": n, "wall_s": statistics.median(walls)}
 
 
-_KEPT: List[Any] = []   # a green context lives as long as its Python object
-
-
-def _green(sms: Optional[int]) -> int:
-    import torch
-    if sms is not None:
-        ctx = torch.cuda.green_contexts.GreenContext.create(num_sms=sms, device_id=0)
-        ctx.set_context()
-        _KEPT.append(ctx)
-        return sms
-    return torch.cuda.get_device_properties(0).multi_processor_count
-
-
 def torch_row(args: argparse.Namespace, sms: Optional[int], batch: int) -> Dict[str, Any]:
     from jetson_unet.model.weights import load_weights
-    n_sms = _green(sms)
+    n_sms = torch_slice(sms)
     weights = load_weights(args.weights)
     steps = _steps(weights, args)
     _, st = peer_sampling(weights, steps, batch, 0, args.repeats, "fp16", "reduce-overhead")
@@ -78,7 +65,7 @@ def torch_row(args: argparse.Namespace, sms: Optional[int], batch: int) -> Dict[
 
 def matmul_row(sms: Optional[int]) -> Dict[str, Any]:
     import torch
-    n_sms = _green(sms)
+    n_sms = torch_slice(sms)
     a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.float16)
     b = torch.randn_like(a)
     for _ in range(10):

@@ -79,6 +79,22 @@ def torch_model(weights: Any, precision: str = "fp16", compile_mode: Optional[st
 SETTLE_S = 2.0
 
 
+_GREEN: List[Any] = []   # a green context lives as long as its Python object
+
+
+def torch_slice(sms: Optional[int]) -> int:
+    """Confine this process's torch work (and the Triton kernels it launches) to a green context of
+    `sms` SMs, made current before any model or stream is built; None: the whole GPU. Returns the
+    SM count the work runs on."""
+    import torch
+    if sms is not None:
+        ctx = torch.cuda.green_contexts.GreenContext.create(num_sms=sms, device_id=0)
+        ctx.set_context()
+        _GREEN.append(ctx)
+        return sms
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
 def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args) in a new Python process (spawned: none of this process's CUDA state), its result
     back; fn must be a module-level function. On an H100 a process where a few plain kernel

@@ -44,6 +44,10 @@ def choose_tile(precision: str, m: int, n: int, batch: int, sms: int, gate: bool
     choices = (128, 64, 32) if tc else (64, 32)
     if tc and bn == 128:
         choices = (64, 32)                                  # 128x128 would need ~255 registers
+    # no taller than a sample's M (the GEMM is per sample): the 8x8 level (M 64) at batch 4 on 8 SMs
+    # or at batch 64 on 132 took BM 128, half of each tile padding (mid.block1: 99 us on an H100's
+    # 8-SM slice where a dense 64-row GEMM of the same shape took 32)
+    choices = tuple(b for b in choices if b < 2 * m) or choices[-1:]
     bm = next((b for b in choices if batch * cdiv(m, b) * cdiv(n, bn) >= target), choices[-1])
     ctas = batch * cdiv(m, bm) * cdiv(n, bn)
     if pipelined and bn == 64 and ctas * choose_splits(cdiv(k, 64), ctas, sms) < target:

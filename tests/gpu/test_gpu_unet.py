@@ -81,11 +81,13 @@ def test_batch_16_matches_reference_on_its_first_samples(backend, case, precisio
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sms,batch", [(8, 1), (4, 1), (0, 16)], ids=["orin-8sm-b1", "orin-4sm-b1", "builtin-b16"])
+@pytest.mark.parametrize("sms,batch", [(8, 1), (4, 1), (0, 16), (0, 64)],
+                         ids=["orin-8sm-b1", "orin-4sm-b1", "builtin-b16", "builtin-b64"])
 def test_builtin_tiles_match_reference(backend, case, sms, batch):
     """The built-in tiles an untuned GPU runs, which the GPU tests above do not reach on a tuned one:
     those an Orin of 8 or 4 SMs picks at batch 1 (halo convs, split gates and split-K where its
-    grids are deep), and this GPU's own at batch 16 (its first three samples are the reference case's)."""
+    grids are deep), and this GPU's own at batch 16 and 64 (at 64 the 8x8 level's tiles are capped at
+    its 64 rows; their first three samples are the reference case's)."""
     weights, x, t, want, kind = case
     cfg = weights.config
     if batch > 3:

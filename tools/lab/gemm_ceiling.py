@@ -21,6 +21,7 @@ than ours (no GroupNorm, GELU, statistics or residual; the dense GEMMs no im2col
 memory-bound where the im2col'd operand outgrows the L2, the 64x64 level at batch 16).
 
     python3 -m tools.lab.gemm_ceiling --batch 16 --json $OUT/ceiling.json
+    python3 -m tools.lab.gemm_ceiling --batch 1 --sms 8 --skip triton-v3 peer-profile   # the Orin's regime
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from typing import Dict, List, Optional, Tuple
 from jetson_unet.model import cost
 from jetson_unet.model import plan as P
 from jetson_unet.model.config import UNetConfig
+from tools.peers import torch_slice
 
 KPAD = 64
 JOBS = ("ours", "torch", "triton-v3", "triton-v2", "peer-profile")
@@ -154,12 +156,13 @@ if triton is not None:
             tl.atomic_add(cp, acc)
 
 
-def run_triton(mma: str, rows: List[Dict]) -> Dict:
+def run_triton(mma: str, rows: List[Dict], sms: Optional[int] = None) -> Dict:
     """Best dense-GEMM time per op over CONFIGS, in a fresh process whose environment says whether
     wgmma is allowed (DISABLE_MMA_V3, set by main before the process starts)."""
     import torch
     if (os.environ.get("DISABLE_MMA_V3") == "1") != (mma == "v2"):
         raise SystemExit(f"triton-{mma}: DISABLE_MMA_V3 is {os.environ.get('DISABLE_MMA_V3')!r}")
+    torch_slice(sms)
     out = {"mma": mma, "device": torch.cuda.get_device_name(), "triton": triton.__version__, "ops": {}, "isa": {}}
     for r in rows:
         a, b = _operands(r)
@@ -199,11 +202,12 @@ def run_triton(mma: str, rows: List[Dict]) -> Dict:
     return out
 
 
-def run_torch(rows: List[Dict]) -> Dict:
+def run_torch(rows: List[Dict], sms: Optional[int] = None) -> Dict:
     """cuBLAS torch.mm on the same operands; cuDNN conv2d NHWC for the 3x3 convs."""
     import torch
     import torch.nn.functional as F
     torch.backends.cudnn.benchmark = True
+    torch_slice(sms)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cublas": {}, "cudnn": {},
            "cudnn_kernels": {}}
     for r in rows:
@@ -236,7 +240,7 @@ def _kind(name: str) -> str:
     return "other"
 
 
-def run_peer_profile(batch: int, calls: int = 20) -> Dict:
+def run_peer_profile(batch: int, sms: Optional[int] = None, calls: int = 20) -> Dict:
     """The torch.compile fp16 peer (default mode: the same kernels as reduce-overhead, launched
     one by one, which the profiler attributes reliably) under torch.profiler: GPU time per call by
     kernel kind, and the kernels that take the most."""
@@ -245,6 +249,7 @@ def run_peer_profile(batch: int, calls: int = 20) -> Dict:
     from torch.profiler import ProfilerActivity, profile
     from jetson_unet.bench.timing import bench_weights
     from tools.peers import torch_model
+    torch_slice(sms)
     weights = bench_weights()[0]
     cfg = weights.config
     fn, dtype = torch_model(weights, "fp16", "default")
@@ -277,14 +282,14 @@ def run_peer_profile(batch: int, calls: int = 20) -> Dict:
     return {"kinds": kinds, "kernels": kernels[:60], "device": torch.cuda.get_device_name()}
 
 
-def run_ours(batch: int) -> Dict:
+def run_ours(batch: int, sms: Optional[int] = None) -> Dict:
     """Our launches timed alone, summed per op name, and the graphed call (bench_unet.bench_ours)."""
     from types import SimpleNamespace
     from jetson_unet.backends import get_backend
     from jetson_unet.bench.timing import bench_weights
     from tools.bench_unet import bench_ours
     row = bench_ours(bench_weights()[0], "fp16", batch, SimpleNamespace(warmup=20, iters=100, repeats=3, per_op=1),
-                     get_backend("cupy"))
+                     get_backend("cupy", sms))
     return {"ops": row["per_op_us"], "tiles": row["tiles"], "call_ms": row["graph_ms"]}
 
 
@@ -353,14 +358,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--skip", nargs="*", default=[], choices=JOBS)
+    ap.add_argument("--sms", type=int, default=None,
+                    help="time everything on a slice of N SMs (a CUDA green context), ours with its tiles for N SMs")
     args = ap.parse_args(argv)
     from tools.peers import in_fresh_process
     rows = gemm_shapes(UNetConfig(), args.batch)
-    res: Dict = {"batch": args.batch, "shapes": rows}
+    res: Dict = {"batch": args.batch, "sms": args.sms, "shapes": rows}
     shapes = distinct(rows)
-    jobs = {"ours": (run_ours, args.batch), "torch": (run_torch, shapes),
-            "triton-v3": (run_triton, "v3", shapes), "triton-v2": (run_triton, "v2", shapes),
-            "peer-profile": (run_peer_profile, args.batch)}
+    jobs = {"ours": (run_ours, args.batch, args.sms), "torch": (run_torch, shapes, args.sms),
+            "triton-v3": (run_triton, "v3", shapes, args.sms), "triton-v2": (run_triton, "v2", shapes, args.sms),
+            "peer-profile": (run_peer_profile, args.batch, args.sms)}
     for name, (fn, *a) in jobs.items():
         if name in args.skip:
             res[name] = {"ops": {}, "isa": {}, "cublas": {}, "cudnn": {}, "kinds": {}}
