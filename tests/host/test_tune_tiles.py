@@ -392,3 +392,15 @@ def test_builtin_tiles_as_a_tile_mapping_launch_the_same_kernels(weights, sms, b
         assert (again.key, again.grid) == (spec.key, spec.grid), name
     assert any(t.splits > 1 for t in tiles.values()) == any(s.grid[0] > -(-plan.tensors[n].size ** 2 // s.key.bm)
                                                            for n, s in specs.items())
+
+
+@pytest.mark.parametrize("batch,sms", [(1, 8), (4, 8), (16, 8), (16, 132), (64, 132)])
+def test_builtin_bm_is_below_twice_a_samples_rows(batch, sms):
+    """The GEMM runs per sample: a 128-row tile at the 8x8 level (64 rows) would be half padding,
+    which the rule once picked wherever the grid was deep (batch 4 on 8 SMs, 64 on 132)."""
+    from jetson_unet.ops.tiles import choose_tile
+    for m in (64, 256, 1024, 4096):
+        for n in (32, 64, 128, 256, 512):
+            bm = choose_tile("fp16", m, n, batch, sms, gate=False, k=9 * n, pipelined=True)[0]
+            assert bm < 2 * m, (m, n, bm)
+    assert choose_tile("fp16", 4096, 64, 64, 132, gate=False, k=576, pipelined=True)[0] == 128
