@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -178,6 +179,31 @@ def _pytriton():
     return model_config, triton
 
 
+def stub_numpy(environ: Mapping[str, str]) -> Optional[str]:
+    """The NumPy version Triton's Python stub will import: this interpreter's environment's, without
+    PYTHONPATH (the stub reads the environment and ignores PYTHONPATH); None if it has none."""
+    env = {k: v for k, v in environ.items() if k != "PYTHONPATH"}
+    try:
+        r = subprocess.run([sys.executable, "-c", "import numpy; print(numpy.__version__)"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def check_stub_numpy(environ: Mapping[str, str]) -> None:
+    """PyTriton 0.7's stub is built for NumPy 1: with NumPy 2 it dies on the first request's BYTES
+    input (H100, 2026-11-27), so say so before anything loads."""
+    version = stub_numpy(environ)
+    if version is None:
+        raise BackendUnavailable(f"Triton's Python stub cannot import NumPy in this interpreter's environment "
+                                 f"({sys.executable})")
+    if int(version.split(".")[0]) >= 2:
+        raise BackendUnavailable(f"PyTriton's Python stub needs NumPy < 2 in this interpreter's environment, "
+                                 f"found {version}: pip install 'numpy<2' (where CuPy needs NumPy 2: "
+                                 f"docs/serving.md)")
+
+
 def check_ports(args: argparse.Namespace) -> None:
     """Each port distinct and free on every address (as Triton binds them), before the weights load."""
     flags = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
@@ -237,7 +263,8 @@ def serve(pipe: Pipeline, args: argparse.Namespace, pad_to: Optional[int]) -> in
 def serve_main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)   # every number checked here
     set_verbosity(args)
-    _pytriton()   # both before the weights load
+    _pytriton()   # all three before the weights load
+    check_stub_numpy(os.environ)
     check_ports(args)
     with Pipeline(_load_weights(args.weights), backend=args.backend, precision=args.precision,
                   sms=args.sms) as pipe:

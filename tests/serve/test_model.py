@@ -144,3 +144,22 @@ def test_without_pytriton_one_line_names_the_extra(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("jetson-serve: error: PyTriton is not installed: pip install 'jetson-unet-runtime[serve]'")
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("found, message", [
+    ("2.1.0", "PyTriton's Python stub needs NumPy < 2 in this interpreter's environment, found 2.1.0"),
+    (None, "Triton's Python stub cannot import NumPy"),
+])
+def test_a_numpy_the_stub_cannot_use_is_named_before_anything_loads(monkeypatch, capsys, found, message):
+    monkeypatch.setattr(serve, "stub_numpy", lambda environ: found)
+    monkeypatch.setattr(serve, "_load_weights", lambda *a: pytest.fail("the weights loaded"))
+    assert serve.main(["--backend", "numpy"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"jetson-serve: error: {message}") and err.count("\n") == 1, err
+
+
+def test_the_stub_sees_this_environment_without_pythonpath(tmp_path):
+    fake = tmp_path / "numpy"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("__version__ = '0.0.fake'\n")
+    assert serve.stub_numpy({"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}) == np.__version__
