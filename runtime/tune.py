@@ -8,10 +8,11 @@ else $XDG_CACHE_HOME/jetson-unet/tiles, ~/.cache by default), named after the GP
 precision and batch; from then on every executor of that batch on that GPU uses them (`--out-dir`
 writes elsewhere).
 
-Method: every candidate tile of every op (jetson_unet.ops.tuning.candidates) is compiled into one
-module (one build for all rounds); round r builds an executor whose ops each take their r-th
-candidate and times every GEMM/gate launch alone (a CUDA graph of 20 back-to-back launches, median
-of 3 event-timed windows; jetson_unet.bench.timing.per_op_times). Then the split-K factors of each
+Method: every candidate tile of every op (jetson_unet.ops.tuning.candidates) is compiled once for all
+rounds, split into one module per core and compiled side by side (build_shards); round r builds an
+executor whose ops each take their r-th candidate and times every GEMM/gate launch alone (a CUDA
+graph of 20 back-to-back launches, median of 3 event-timed windows;
+jetson_unet.bench.timing.per_op_times). Then the split-K factors of each
 op's fastest few tile shapes (`--split-top`, default 3) are timed the same way: a tile that loses at
 the built-in split can win at another (on an H100 at batch 16, downs.2.block1.conv1 went from 9.41
 to 8.21 us as a 32x64 tile unsplit, where the built-in rule splits it in two and the 32x32 tile had
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,8 +45,11 @@ from jetson_unet.ops.policy import BUILTIN, KernelPolicy
 from jetson_unet.ops.specs import op_spec
 from jetson_unet.ops.tuning import candidates, dump_tiles, file_name, k_segments, tunable, with_splits
 from jetson_unet.paths import user_tiles_dir
+from jetson_unet.sampling.host import available_bytes
 
 PROG = "jetson-tune"
+# one NVRTC compile of an ~18-kernel module peaked at ~200 MB (pip NVRTC 12, x86-64): twice that, and more
+SHARD_BYTES = 512 << 20
 
 
 def graph_ms(ex: GpuExecutor, backend: Any, x: np.ndarray, iters: int = 100) -> float:
@@ -57,14 +62,23 @@ def graph_ms(ex: GpuExecutor, backend: Any, x: np.ndarray, iters: int = 100) -> 
     return timed(backend, s, lambda: g.launch(s), 20, iters, 3)
 
 
+def build_shards(cpus: Optional[int] = None, available: Optional[int] = None) -> int:
+    """Modules the candidate kernels are split into and compiled side by side (build.loader.KernelSet):
+    one per core, at most 16, and no more than the host memory holds at SHARD_BYTES each. One value
+    per run: the split decides the modules' text, so every executor of the run must use the same."""
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    free = available_bytes() if available is None else available
+    return int(max(1, min(cpus, 16, cpus if free is None else free // SHARD_BYTES)))
+
+
 def time_rounds(weights: Any, precision: str, batch: int, backend: Any, rounds: List[Dict[str, TileChoice]],
-                names: Sequence[str], extra: Sequence[Any]) -> Dict[str, list]:
+                names: Sequence[str], extra: Sequence[Any], shards: int = 1) -> Dict[str, list]:
     """{op: [(us, TileChoice), ...]} over executors built with each round's tiles."""
     seen: Dict[str, list] = {n: [] for n in names}
     for i, tiles in enumerate(rounds):
         t0 = time.perf_counter()
         with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles),
-                         extra_keys=extra) as ex:
+                         extra_keys=extra, shards=shards) as ex:
             for name, _sym, _grid, us in per_op_times(ex, backend, only=set(tiles)):
                 seen[name].append((us, tiles[name]))
         print(f"  round {i + 1}/{len(rounds)}: {len(tiles)} ops, {time.perf_counter() - t0:.1f} s", flush=True)
@@ -99,13 +113,13 @@ def top_shapes(timings: list, n: int) -> List[TileChoice]:
 
 def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence[Any],
          cands: Dict[str, List[TileChoice]], ksegs: Dict[str, List[int]], out_dir: Path, split_top: int = 3,
-         command: str = PROG) -> Dict[str, Any]:
+         command: str = PROG, shards: int = 1) -> Dict[str, Any]:
     """Time the candidates, then the split-K factors of each op's `split_top` fastest tile shapes;
     write the tuning file of this batch into out_dir and return what it records."""
     names = list(cands)
     rounds = as_rounds(cands)
     print(f"b{batch}: {len(names)} ops, {len(rounds)} tile rounds", flush=True)
-    seen = time_rounds(weights, precision, batch, backend, rounds, names, extra)
+    seen = time_rounds(weights, precision, batch, backend, rounds, names, extra, shards)
     best = {n: min(seen[n], key=lambda r: r[0]) for n in names}
     heur = {n: seen[n][0][0] for n in names}   # candidate 0 is the built-in rule's tile
     label = "split-K"
@@ -114,7 +128,7 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     rounds = as_rounds(splits)
     print(f"b{batch}: {len(rounds)} {label} rounds", flush=True)
     rec: Dict[str, Dict[str, float]] = {}   # how near split-K came where it lost
-    for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra).items():
+    for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra, shards).items():
         if rs:
             top = min(rs, key=lambda r: r[0])
             rec[n] = {"without": best[n][0], "best": top[0]}
@@ -127,10 +141,10 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     cfg = weights.config
     x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
     with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=BUILTIN),
-                     extra_keys=extra) as ex:
+                     extra_keys=extra, shards=shards) as ex:
         base_ms, base_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
     with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles),
-                     extra_keys=extra) as ex:
+                     extra_keys=extra, shards=shards) as ex:
         tuned_ms, tuned_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
     rel = float(np.linalg.norm(tuned_eps - base_eps) / max(float(np.linalg.norm(base_eps)), 1e-30))
     print(f"b{batch} {precision}: graph {base_ms:.3f} ms built-in -> {tuned_ms:.3f} ms tuned "
@@ -200,13 +214,15 @@ def tune_main(argv: Optional[Sequence[str]] = None) -> int:
             ksegs[op.out] = k_segments(op, ctx)
         per_batch[b] = (cands, ksegs)
     keys = sorted(extra, key=lambda k: k.symbol)
-    print(f"device: {backend.device_name()} ({sms} SMs); {len(keys)} candidate kernels", flush=True)
+    shards = build_shards()
+    print(f"device: {backend.device_name()} ({sms} SMs); {len(keys)} candidate kernels in {shards} modules",
+          flush=True)
     t0 = time.perf_counter()
     GpuExecutor(weights, args.precision, batch=1, backend=backend, policy=KernelPolicy(tiles=BUILTIN),
-                extra_keys=keys).close()
+                extra_keys=keys, shards=shards).close()
     print(f"module built in {time.perf_counter() - t0:.1f} s", flush=True)
-    results = [tune(weights, args.precision, b, backend, keys, *per_batch[b], out_dir, args.split_top, command)
-               for b in args.batch]
+    results = [tune(weights, args.precision, b, backend, keys, *per_batch[b], out_dir, args.split_top, command,
+                    shards) for b in args.batch]
     if args.json:
         with writing(args.json), atomic_open(args.json, "w") as f:
             f.write(json.dumps(results, indent=1) + "\n")

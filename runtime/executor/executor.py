@@ -118,11 +118,12 @@ class _Addr(Resolver):
 class GpuExecutor:
     def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Optional[Backend] = None,
                  early_start: bool = True, policy: KernelPolicy = KernelPolicy(), extra_keys: Sequence[Any] = (),
-                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None) -> None:
+                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None, shards: int = 1) -> None:
         """policy: which tiles (jetson_unet.ops.policy). extra_keys: more instantiations in the same
         module (the tuner's candidates). fits: checks this executor's memory estimate instead of the
         executor's own check (a GpuSampler adds its tables to it); either runs before any compile,
-        pinning or upload."""
+        pinning or upload. shards: the kernels in that many modules, compiled side by side (the
+        tuner's; build.loader.KernelSet)."""
         if precision not in PRECISIONS:
             raise UsageError(f"GPU precision must be one of {PRECISIONS}, got {precision!r}")
         if batch < 1:
@@ -143,7 +144,7 @@ class GpuExecutor:
                                                       (self.stats_parts, self._stats_life))
         (fits or self._check_memory)(self.memory_estimate())
         keys = set(module_keys(ctx, policy.module_tiles(self.config, sms, precision))) | set(extra_keys)
-        self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol))
+        self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol), shards=shards)
         # the halo conv's and a deep cp.async ring's dynamic smem go past the 48 KB of static + dynamic
         # that need no opt-in (static: at most PIPE_SCRATCH beside them)
         big: Dict[str, int] = {}

@@ -6,8 +6,10 @@ loader builds with a `Compiler` (jetson_unet.build.compilers) and the backend on
 needed; `prepare` is in test_aot_prepare.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ from jetson_unet.errors import KernelCompileError
 from jetson_unet.build import compilers
 from jetson_unet.build import cache as cubins
 from jetson_unet import logs
-from jetson_unet.build.loader import KernelSet, compile_notice, load_module
+from jetson_unet.build.loader import KernelSet, compile_notice, load_module, shard
 from jetson_unet.ops.keys import SimpleKey
 from jetson_unet.build.sources import module_source, nvrtc_options
 
@@ -329,3 +331,46 @@ def test_nvcc_driver_over_a_fake_nvcc(tmp_path):
         compilers.nvcc_cubin("src", "seed-unet.cu", nvrtc_options(72), 72, str(nvcc))
 
 
+
+
+# ---- shards: jetson-tune's candidate kernels in several modules, compiled side by side ------------------
+def _meeting_compiler(builds, parties, kind="nvrtc"):
+    """A fake compiler whose builds each wait until `parties` of them run at once: one after the other,
+    the barrier breaks (a threading.BrokenBarrierError)."""
+    meet = threading.Barrier(parties, timeout=10)
+    inner = fake_compiler(builds, kind=kind)
+
+    def build(src, name, options, arch):
+        meet.wait()
+        return inner.build(src, name, options, arch)
+    return dataclasses.replace(inner, build=build)
+
+
+def test_shards_compile_side_by_side_and_the_next_run_only_loads(cache, builds):
+    be = CubinBackend()
+    KernelSet._cache.clear()
+    ks = KernelSet(be, KEYS, cache=cache, compiler=_meeting_compiler(builds, len(KEYS)), shards=len(KEYS))
+    assert len(builds) == len(KEYS) and len(list(cache.root.glob("*.cubin"))) == len(KEYS)
+    assert sorted(ks.functions) == sorted(k.symbol for k in KEYS) and cache.notes == [compile_notice(87)]
+    KernelSet._cache.clear()
+    KernelSet(be, KEYS, cache=cache, compiler=fake_compiler(builds), shards=len(KEYS))
+    assert len(builds) == len(KEYS) and len(be.loads) == 2 * len(KEYS)
+
+
+def test_shards_with_nvcc_build_one_after_the_other_in_the_main_thread(cache, builds):
+    threads = []
+    inner = fake_compiler(builds, kind="nvcc")
+
+    def build(src, name, options, arch):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return inner.build(src, name, options, arch)
+    KernelSet._cache.clear()
+    KernelSet(CubinBackend(), KEYS, cache=cache, compiler=dataclasses.replace(inner, build=build), shards=2)
+    assert threads == [True, True]
+
+
+@pytest.mark.parametrize("n, sizes", [(1, [3]), (2, [1, 2]), (3, [1, 1, 1]), (8, [1, 1, 1])])
+def test_shard_splits_the_sorted_keys_in_contiguous_groups(n, sizes):
+    groups = shard(list(reversed(KEYS)), n)
+    assert [len(g) for g in groups] == sizes
+    assert [k.symbol for g in groups for k in g] == sorted(k.symbol for k in KEYS)

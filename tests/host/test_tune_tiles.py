@@ -129,7 +129,7 @@ def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, mo
             return 0.5 if t.splits == 2 else 1.5
         return 1.0 if (t.bm, t.bn, t.halo, t.ks) == (64, 32, 0, 1) else 2.0 + 0.01 * t.bm
 
-    def fake_rounds(weights, precision, batch, backend, rounds, names, extra):
+    def fake_rounds(weights, precision, batch, backend, rounds, names, extra, shards=1):
         seen = {n: [] for n in names}
         for tiles in rounds:
             for n, t in tiles.items():
@@ -404,3 +404,9 @@ def test_builtin_bm_is_below_twice_a_samples_rows(batch, sms):
             bm = choose_tile("fp16", m, n, batch, sms, gate=False, k=9 * n, pipelined=True)[0]
             assert bm < 2 * m, (m, n, bm)
     assert choose_tile("fp16", 4096, 64, 64, 132, gate=False, k=576, pipelined=True)[0] == 128
+
+
+@pytest.mark.parametrize("cpus, available, want", [(16, 64 << 30, 16), (64, 64 << 30, 16), (6, 2 << 30, 4),
+                                                   (6, 100 << 20, 1), (2, None, 2), (1, 64 << 30, 1)])
+def test_build_shards_follow_the_cores_and_the_memory(cpus, available, want):
+    assert tune.build_shards(cpus, available) == want
