@@ -5,6 +5,7 @@ torch.compile(mode="reduce-overhead") fp16 on the same weights, side by side.
     python -m tools.bench_unet                           # fp32,fp16,bf16 x batch 1,16; torch if present
     python -m tools.bench_unet --batches 1 --precisions fp16 --iters 500 --no-torch
     python -m tools.bench_unet --no-torch --precisions fp16 --tiles auto builtin   # tuned vs built-in tiles
+    python -m tools.bench_unet --no-torch --precisions fp16 --batches 1,4 --sms 8  # the Orin's regime: an 8-SM slice
 
 Timing: CUDA events around `iters` back-to-back calls after `warmup` calls and then peers.SETTLE_S
 seconds of calls (the same for the torch peers); the figure is the mean
@@ -72,8 +73,8 @@ def per_op_sums(ops_t: list) -> dict:
 
 
 def ours_row(precision: str, batch: int, args, tiles: str) -> dict:
-    """bench_ours in a process of its own (in_fresh_process)."""
-    return bench_ours(bench_weights()[0], precision, batch, args, get_backend("cupy"), tiles)
+    """bench_ours in a process of its own (in_fresh_process), on a slice of args.sms SMs if set."""
+    return bench_ours(bench_weights()[0], precision, batch, args, get_backend("cupy", args.sms), tiles)
 
 
 # name -> (torch.compile mode or None for eager, layout: tools.peers.LAYOUTS)
@@ -83,7 +84,8 @@ TORCH_PEERS = {"torch eager fp16": (None, "nchw"), "torch.compile reduce-overhea
 
 def bench_torch(batch: int, args, name: str) -> dict:
     """One of TORCH_PEERS on the shipped (or random) weights, in a process of its own (in_fresh_process)."""
-    from tools.peers import peer_call, torch_model
+    from tools.peers import peer_call, torch_model, torch_slice
+    torch_slice(args.sms)
     weights = bench_weights()[0]
     cfg = weights.config
     x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size))
@@ -108,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", nargs="+", default=["auto"], choices=tuple(TILES),
                     help="auto: measured tiles where a tuning file exists for this GPU and batch (jetson-tune; "
                          "rows marked 'tuned'), builtin: the built-in tile rules; both: side by side (default: auto)")
+    ap.add_argument("--sms", type=int, default=None, metavar="N",
+                    help="run ours and the torch peers on a slice of N SMs (a CUDA green context; default: the whole GPU)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     rows = []

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from tests.helpers.gpu import pipelined_symbols, replayed_eps, report
-from jetson_unet.paths import models_dir
+import json
+
+from jetson_unet.paths import models_dir, shipped_tiles_dir
 from jetson_unet.model.config import UNetConfig
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.model.arena import view_layout
@@ -80,6 +82,15 @@ def test_batch_16_matches_reference_on_its_first_samples(backend, case, precisio
     assert np.isfinite(got).all() and err < UNET_TOL[precision]
 
 
+def _with_random_samples(x, t, batch: int, timesteps: int):
+    """x, t grown to `batch` samples: the reference case's three first, random ones after."""
+    if batch <= 3:
+        return x[:batch], t[:batch]
+    rng = np.random.default_rng(18)
+    x = np.concatenate([x, rng.standard_normal((batch - 3,) + x.shape[1:]).astype(np.float32)])
+    return x, np.concatenate([t, (np.arange(batch - 3) * 11) % timesteps])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sms,batch", [(8, 1), (4, 1), (0, 16), (0, 64)],
                          ids=["orin-8sm-b1", "orin-4sm-b1", "builtin-b16", "builtin-b64"])
@@ -90,10 +101,7 @@ def test_builtin_tiles_match_reference(backend, case, sms, batch):
     its 64 rows; their first three samples are the reference case's)."""
     weights, x, t, want, kind = case
     cfg = weights.config
-    if batch > 3:
-        rng = np.random.default_rng(18)
-        x = np.concatenate([x, rng.standard_normal((batch - 3,) + x.shape[1:]).astype(np.float32)])
-        t = np.concatenate([t, (np.arange(batch - 3) * 11) % cfg.timesteps])
+    x, t = _with_random_samples(x, t, batch, cfg.timesteps)
     plan = build_plan(cfg)
     tiles = builtin_tiles(Ctx(plan, weights.params, "fp16", batch, sms, view_layout(plan))) if sms else {}
     with GpuExecutor(weights, "fp16", batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles)) as ex:
@@ -103,6 +111,26 @@ def test_builtin_tiles_match_reference(backend, case, sms, batch):
     err = float(np.linalg.norm(got - want[:n]) / np.linalg.norm(want[:n]))
     report(f"unet {kind} fp16 b{batch} built-in tiles of {sms or 'this GPU'} SMs: "
            f"rel L2 {err:.2e}; {kinds}")
+    assert np.isfinite(got).all() and err < UNET_TOL["fp16"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", sorted(shipped_tiles_dir().glob("tiles-*-fp16-b*.json")), ids=lambda p: p.stem)
+def test_shipped_tuning_files_match_reference(backend, case, path):
+    """Every shipped fp16 tuning file's tiles (those of other GPUs and SM counts too: a tile's result
+    does not depend on the GPU it runs on), at the file's batch, on this whole GPU: the first three
+    samples against the float64 reference."""
+    weights, x, t, want, kind = case
+    meta = json.loads(path.read_text())
+    batch, sms = meta["batch"], meta["sms"]
+    x, t = _with_random_samples(x, t, batch, weights.config.timesteps)
+    with GpuExecutor(weights, "fp16", batch=batch, backend=backend,
+                     policy=KernelPolicy(tiles=str(path), sms=sms)) as ex:
+        assert ex.tiles_from == str(path)
+        got = ex.eps(x, t)[:3]
+    n = min(batch, 3)
+    err = float(np.linalg.norm(got - want[:n]) / np.linalg.norm(want[:n]))
+    report(f"unet {kind} fp16 b{batch} tiles of {path.name}: rel L2 {err:.2e}")
     assert np.isfinite(got).all() and err < UNET_TOL["fp16"]
 
 
