@@ -47,6 +47,10 @@ def test_make_tree_copies_the_package_and_patches_only_the_copy(tmp_path):
     assert (tree / "jetson_unet" / "models" / "__init__.py").is_file()
     assert "ntiles = 0 * (ke - kb);" in (tree / "jetson_unet" / "kernels" / "conv_pipe.cu").read_text()
     assert "ntiles = 0 * (ke - kb);" not in (ROOT / "kernels" / "conv_pipe.cu").read_text()
+    # no shipped cubin in the copy: every variant runs this machine's compiler's code
+    assert (tree / "jetson_unet" / "cubins" / "__init__.py").is_file()
+    assert not [f for f in (tree / "jetson_unet" / "cubins").iterdir() if f.suffix in (".cubin", ".json")]
+    assert list((ROOT / "runtime" / "cubins").glob("*.cubin"))
 
 
 def test_a_child_process_in_the_copy_imports_the_copy_not_the_installed_package(tmp_path):
