@@ -3,12 +3,12 @@ a batch of 16), and CUDA-graph replay of one call; the cp.async conv against the
 at batch 16 (the 128-row tiles that batch 1 and 3 do not pick on a large GPU)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from tests.helpers.gpu import pipelined_symbols, replayed_eps, report
-import json
-
 from jetson_unet.paths import models_dir, shipped_tiles_dir
 from jetson_unet.model.config import UNetConfig
 from jetson_unet.executor.executor import GpuExecutor

@@ -11,9 +11,10 @@ tools.bench_unet runs on, a Jetson included.
     python3 -m tools.lab.knockout --list                     # the knockouts and what each removes
     python3 -m tools.lab.knockout kloop gn --batches 16 --per-op 20   # ... and per op (each launch alone)
 
-Each variant is a copy in a scratch folder, importable as itself: a real `jetson_unet/` package (the
-working tree's runtime/, with kernels/ copied in as jetson_unet/kernels/ and weights/ linked as
-jetson_unet/models/) beside a copy of tools/. Its kernels are patched (each knockout is a list of
+Each variant, and the working tree it is timed against, is a copy in a scratch folder, without the
+shipped cubins (so all of them run this machine's compiler's code), importable as itself: a real
+`jetson_unet/` package (the working tree's runtime/, with kernels/ copied in as jetson_unet/kernels/
+and weights/ linked as jetson_unet/models/) beside a copy of tools/. Its kernels are patched (each knockout is a list of
 exact replacements in kernels/*.cu; a replacement whose text is not found exactly once fails before
 anything runs) or taken from a revision (`git show REV:kernels/...`) or from a folder (what a lent
 machine whose copy of the repo has no git history needs: `git archive HEAD kernels | tar -x
@@ -176,19 +177,16 @@ def child_imports(tree: Path) -> Dict[str, str]:
 
 
 def expected_imports(tree: Path) -> Dict[str, Path]:
-    """Where a child process in `tree` must find the package, its kernels and models, and the tools:
-    the working tree's folders (through the editable install), or a copy's own."""
-    if tree.resolve() == ROOT:
-        want = {"package": ROOT / "runtime", "kernels": ROOT / "kernels", "models": ROOT / "weights"}
-    else:
-        pkg = tree / PACKAGE
-        want = {"package": pkg, "kernels": pkg / "kernels", "models": pkg / "models"}
+    """Where a child process in a copy `tree` must find the package, its kernels and models, and the
+    tools: the copy's own."""
+    pkg = tree / PACKAGE
+    want = {"package": pkg, "kernels": pkg / "kernels", "models": pkg / "models"}
     return {k: v.resolve() for k, v in dict(want, tools=tree / "tools").items()}
 
 
 def check_tree(tree: Path) -> None:
-    """RuntimeError unless a child process in `tree` imports that tree's package, kernels, models and
-    tools (a copy's, not the installed package's; the working tree's, not another install's)."""
+    """RuntimeError unless a child process in the copy `tree` imports that tree's package, kernels,
+    models and tools, not the installed package's."""
     got = child_imports(tree)
     for what, folder in expected_imports(tree).items():
         path = Path(got[what]).resolve()
@@ -294,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.keep or tempfile.mkdtemp(prefix="knockout-")).absolute()   # the children run elsewhere
     work.mkdir(parents=True, exist_ok=True)
     try:
-        trees: Dict[str, Tuple[Path, List[Tuple[str, str]]]] = {"working tree": (ROOT, [])}
+        base = make_tree(work / "base", "")   # a copy too: no shipped cubins (make_tree)
+        trees: Dict[str, Tuple[Path, List[Tuple[str, str]]]] = {"working tree": (base, [])}
         for v in args.variants:
             trees[v] = (make_tree(work / v.replace("+", "_"), v), [])
         for rev in args.ref:
@@ -302,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
         for tree, _ in trees.values():
             check_tree(tree)   # each tree's own package (a copy's, not the installed one), or nothing is timed
         for text, setting in zip(args.env, envs):
-            trees[f"env {text}"] = (ROOT, [setting])
+            trees[f"env {text}"] = (base, [setting])
         times: Dict[str, List[Dict[int, float]]] = {name: [] for name in trees}
         ops: Dict[str, List[Dict[int, Dict[str, float]]]] = {name: [] for name in trees}
         for rnd in range(args.rounds):
