@@ -4,16 +4,21 @@
 the shipped model on these GPUs compiles.
 
     pip install --target /tmp/nvrtc11 nvidia-cuda-nvrtc-cu11==11.8.89
-    python -m tools.build_kernels --nvrtc /tmp/nvrtc11/nvidia/cuda_nvrtc/lib   # build the missing, drop the stale
-    python -m tools.build_kernels --dry-run                                     # list: present, missing, stale
+    pip install --target /tmp/nvrtc122 nvidia-cuda-nvrtc-cu12==12.2.140
+    python -m tools.build_kernels --nvrtc /tmp/nvrtc11/nvidia/cuda_nvrtc/lib \
+        --nvrtc-for 90=/tmp/nvrtc122/nvidia/cuda_nvrtc/lib     # build the missing, drop the stale
+    python -m tools.build_kernels --dry-run                     # list: present, missing, stale
 
 Run it at release time, and after any change of kernels/, of the tile rules or of runtime/tiles/
-(tests/host/test_shipped_cubins.py fails until then). Build with the oldest NVRTC that targets every
-arch here, CUDA 11.8's: a driver loads a cubin of its own CUDA version or an older one, not of a newer
-one. One module per (arch, precision) serves every batch size up to 64 and every SM count, but an SM
-count with tuning files of its own (runtime/tiles/: 8 and 132) has a module of its own
-(ops.specs.all_tile_keys). An existing entry of the same toolchain is kept, so a second run builds
-nothing; an entry no module needs any more is removed.
+(tests/host/test_shipped_cubins.py fails until then). Each arch is built with the NVRTC of
+SHIP_NVRTC (checked before anything is built): a driver loads a cubin of its own CUDA version or an
+older one, not of a newer one, so the oldest NVRTC that the arch's drivers allow, CUDA 11.8's
+(JetPack 5 and 6 alike), except for sm_90: CUDA 11.8 was the first to target Hopper, and its code
+ran 2.5-3.6% slower on an H100 than 12.2's (docs/performance.md, cold start), which every Hopper
+driver since CUDA 12.2 loads. One module per (arch, precision) serves every batch size up to 64 and
+every SM count, but an SM count with tuning files of its own (runtime/tiles/: 8 and 132) has a
+module of its own (ops.specs.all_tile_keys). An existing entry of the same toolchain is kept, so a
+second run builds nothing; an entry no module needs any more is removed.
 """
 from __future__ import annotations
 
@@ -21,11 +26,12 @@ import argparse
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from jetson_unet.build import aot
 from jetson_unet.build.cache import CubinCache
 from jetson_unet.build.sources import nvrtc_options
+from jetson_unet.errors import UsageError
 from jetson_unet.model.weights import load_weights
 from jetson_unet.paths import shipped_cubins_dir
 from jetson_unet.pipeline import default_weights_path
@@ -35,6 +41,7 @@ from jetson_unet.pipeline import default_weights_path
 # tuning file of its own asks for the module of a count here without one (tests/host/test_shipped_cubins.py
 # checks the SM counts of each arch's GPUs); fp16 needs sm_80+ (aot.target_precisions).
 SHIP_SMS = {72: (6, 8), 75: (40,), 80: (108,), 86: (84,), 87: (4, 8), 89: (128,), 90: (8, 114, 132)}
+SHIP_NVRTC = {arch: "nvrtc 12.2" if arch == 90 else "nvrtc 11.8" for arch in SHIP_SMS}   # the toolchain of each
 SHIP_PRECISIONS = ("fp16", "fp32")   # bf16 (2.5 MB a module) compiles on first use
 SHIP_BATCHES = (1,)                  # one module serves batches 1..64 (ops.specs.MODULE_BATCHES)
 NAME = "seed-unet"
@@ -79,6 +86,26 @@ def stale_files(folder: Path, keep: Any) -> List[Path]:
     return sorted(p for p in folder.glob("*") if p.suffix in (".cubin", ".json") and p.name not in keep)
 
 
+def libraries(default: Optional[str], per_arch: Sequence[str]) -> Dict[int, Optional[str]]:
+    """{arch: the NVRTC library to build it with}: --nvrtc, or --nvrtc-for ARCH=LIB for that arch."""
+    libs: Dict[int, Optional[str]] = {arch: default for arch in SHIP_SMS}
+    for item in per_arch:
+        arch, sep, lib = item.partition("=")
+        if not sep or not arch.isdigit() or int(arch) not in SHIP_SMS:
+            raise UsageError(f"--nvrtc-for {item!r}: give ARCH=LIBRARY, ARCH one of {sorted(SHIP_SMS)}")
+        libs[int(arch)] = lib
+    return libs
+
+
+def check_toolchains(libs: Dict[int, Optional[str]], archs: Sequence[int]) -> None:
+    """Each arch's compiler is SHIP_NVRTC's (its version string starts so), before anything is built."""
+    for arch in sorted(set(archs)):
+        got = aot.pick_compiler("auto", library=libs[arch]).for_arch(arch).toolchain
+        if not got.startswith(SHIP_NVRTC[arch]):
+            raise UsageError(f"sm_{arch} ships cubins of {SHIP_NVRTC[arch]}, and this would build them with "
+                             f"{got}: name that NVRTC (--nvrtc, or --nvrtc-for {arch}=LIBRARY)")
+
+
 def _build(job: Tuple[aot.Module, Optional[str], str]) -> Tuple[int, List[str]]:
     """In a worker process: build one module into the folder with the named NVRTC (else pick_compiler's)."""
     m, library, folder = job
@@ -87,11 +114,12 @@ def _build(job: Tuple[aot.Module, Optional[str], str]) -> Tuple[int, List[str]]:
     return aot.build_module(m, compiler, CubinCache(Path(folder)), lines.append, NAME), lines
 
 
-def build(modules: Sequence[aot.Module], folder: Path, library: Optional[str], jobs: int, out: Out) -> int:
-    """Build every module missing from the folder (jobs at a time), then remove the stale files."""
+def build(modules: Sequence[aot.Module], folder: Path, libs: Dict[int, Optional[str]], jobs: int, out: Out) -> int:
+    """Build every module missing from the folder (jobs at a time), each arch with its NVRTC (libs),
+    then remove the stale files."""
     failures = 0
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for fails, lines in pool.map(_build, [(m, library, str(folder)) for m in modules]):
+        for fails, lines in pool.map(_build, [(m, libs[m.arch], str(folder)) for m in modules]):
             failures += fails
             for line in lines:
                 out(line)
@@ -109,6 +137,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nvrtc", default=None, help="libnvrtc.so (or its folder) to build with: CUDA 11.8's")
+    ap.add_argument("--nvrtc-for", action="append", default=[], metavar="ARCH=LIB",
+                    help="another NVRTC for one arch (repeatable): 90=CUDA 12.2's")
     ap.add_argument("--dry-run", action="store_true", help="list the modules and files; build nothing")
     ap.add_argument("--jobs", type=int, default=2, help="modules compiled side by side (one process each)")
     ap.add_argument("--into", default=str(shipped_cubins_dir()), help="the folder (default: the package's)")
@@ -116,7 +146,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     modules = plan(load_weights(default_weights_path()))
     folder = Path(args.into)
     if not args.dry_run:
-        failures = build(modules, folder, args.nvrtc, args.jobs, print)
+        try:
+            libs = libraries(args.nvrtc, args.nvrtc_for)
+            check_toolchains(libs, [m.arch for m in modules])
+        except UsageError as e:   # one line, exit 2, nothing built
+            print(f"build_kernels: {e}", file=sys.stderr)
+            return 2
+        failures = build(modules, folder, libs, args.jobs, print)
         if failures:
             print(f"{failures} module(s) not built", file=sys.stderr)
             return 1

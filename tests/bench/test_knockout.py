@@ -175,3 +175,20 @@ def test_main_per_op_reads_every_rounds_launch_times(tmp_path, monkeypatch, caps
     assert K.main(["kloop", "--batches", "16", "--per-op", "5"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert next(line for line in out if line.startswith("conv ")).split()[1:] == ["9.0", "6.0"]
+
+
+def test_bench_passes_the_slice_to_bench_unet(tmp_path, monkeypatch):
+    """--sms N: every variant's bench_unet runs on an N-SM slice; without it, on the whole GPU."""
+    cmds = []
+
+    def fake_run(cmd, **kw):
+        cmds.append(cmd)
+        (tmp_path / "o.json").write_text(json.dumps([{"batch": 4, "graph_ms": 2.5}]))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(K.subprocess, "run", fake_run)
+    for sms in (8, None):
+        args = K.argparse.Namespace(batches="4", precision="fp16", iters=10, repeats=1, per_op=0, sms=sms)
+        assert K.bench(tmp_path, args, tmp_path / "o.json") == {4: 2.5}
+    assert cmds[0][cmds[0].index("--sms") + 1] == "8"
+    assert "--sms" not in cmds[1]

@@ -28,14 +28,21 @@ def test_probe_kernel_stays_on_the_slice(backend, sliced):
 
 
 def test_slice_image_matches_the_whole_gpu(weights, sliced):
+    """fp16 images sampled on the slice and on the whole GPU: each within the fp16 gate of the float64
+    reference (50 dB per image, as the sampling tests), and the two close on average. Not a per-pixel
+    bound between them: other tiles sum in another fp16 order, and over the steps a last-bit
+    difference can move a few pixels far (H100, 2026-11-27: a GELU within 1.3e-6 of the old one moved
+    one image's pixels by up to 16 levels, 59.2 -> 50.5 dB, and left the other three within 0.4 dB)."""
     from jetson_unet.pipeline import Pipeline
+    from tools.precision_psnr import psnr_u8
+    with Pipeline(weights, backend="numpy", precision="fp64") as pipe:
+        ref = pipe.sample(4, 10, "dpmpp-2m", seed=3)
     images = []
     for sms in (SLICE, None):
         with Pipeline(weights, backend="cupy", precision="fp16", sms=sms) as pipe:
-            # batch 4: on the slice the built-in tiles (no tuning file), the 8x8 level's capped at 64 rows
-            images.append(pipe.sample(4, 10, "dpmpp-2m", seed=3).astype(np.int16))
-    # other tiles on the slice: a different fp16 summation order, a few uint8 levels at most (H100,
-    # 2026-11-27: 3 of 49152 values differed by more than 8, by 10 at most; mean 0.02-0.15 per image)
-    diff = np.abs(images[0] - images[1])
-    assert diff.max() <= 12 and (diff > 8).mean() < 1e-3
-    assert diff.mean() < 0.5
+            images.append(pipe.sample(4, 10, "dpmpp-2m", seed=3))
+    for sms, img in zip((SLICE, None), images):
+        db = [psnr_u8(img[i], ref[i]) for i in range(4)]
+        assert min(db) >= 50.0, (sms, db)
+    # H100, 2026-11-27: mean 0.04-0.12 per image
+    assert np.abs(images[0].astype(np.int16) - images[1].astype(np.int16)).mean() < 0.5

@@ -18,6 +18,7 @@ from jetson_unet.build import loader
 from jetson_unet.build.cache import CubinCache
 from jetson_unet.build.loader import load_module
 from jetson_unet.build.sources import module_source, nvrtc_options
+from jetson_unet.errors import UsageError
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import CAT, build_plan
@@ -30,7 +31,7 @@ from jetson_unet.paths import shipped_cubins_dir, shipped_tiles_dir
 from jetson_unet.pipeline import default_weights_path
 from tools import build_kernels
 
-REBUILD = "rebuild them: `python -m tools.build_kernels --nvrtc DIR` (its docstring)"
+REBUILD = "rebuild them: `python -m tools.build_kernels --nvrtc DIR --nvrtc-for 90=DIR` (its docstring)"
 # SM counts of the GPUs of each shipped arch (boards, cards, H100 slices), beyond tools.build_kernels.SHIP_SMS
 GPU_SMS = {72: (6, 8), 75: (40, 46, 68, 72), 80: (56, 108), 86: (28, 46, 68, 82, 84), 87: (4, 6, 8, 14, 16),
            89: (24, 58, 76, 128, 142), 90: (8, 16, 66, 114, 132)}
@@ -54,6 +55,36 @@ def test_every_planned_module_is_shipped_and_nothing_else(planned, capsys):
         f"the shipped cubins are not those of today's kernels and tiles: {REBUILD}\n" + "\n".join(lines)
     assert build_kernels.main(["--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines() == lines, "the build plan is not reproducible"
+
+
+def test_each_arch_ships_its_toolchains_cubins(planned):
+    """sm_90's cubins are NVRTC 12.2's, every other arch's 11.8's (tools.build_kernels.SHIP_NVRTC), all
+    in ELF ABI version 7, the layout CUDA 11 and 12 drivers read (13's, 8, they refuse)."""
+    cache = CubinCache(shipped_cubins_dir(), read_only=True)
+    for m in planned:
+        e = build_kernels.entry(m, cache)
+        assert e.toolchain.startswith(build_kernels.SHIP_NVRTC[m.arch]), (m.label, e.toolchain, REBUILD)
+        assert e.cubin.read_bytes()[8] == 7, m.label
+
+
+def test_the_build_refuses_another_toolchain_before_building(monkeypatch, capsys):
+    """An NVRTC of another version than SHIP_NVRTC's for some arch: exit 2, one line, nothing built."""
+    monkeypatch.setattr(build_kernels.aot, "pick_compiler", lambda *a, **k: fake_compiler([], "nvrtc 13.0"))
+    monkeypatch.setattr(build_kernels, "build", lambda *a, **k: pytest.fail("built"))
+    assert build_kernels.main(["--nvrtc", "/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sm_72 ships cubins of nvrtc 11.8" in err and "nvrtc 13.0" in err
+
+
+@pytest.mark.parametrize("item", ["90", "91=/x", "x=/y", "=/y"])
+def test_nvrtc_for_names_a_shipped_arch(item):
+    with pytest.raises(UsageError, match="--nvrtc-for"):
+        build_kernels.libraries(None, [item])
+
+
+def test_nvrtc_for_overrides_one_arch():
+    libs = build_kernels.libraries("/old", ["90=/new"])
+    assert libs[90] == "/new" and all(v == "/old" for a, v in libs.items() if a != 90)
 
 
 def test_every_gpu_and_batch_asks_for_a_shipped_module(weights, planned):

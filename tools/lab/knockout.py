@@ -10,6 +10,7 @@ tools.bench_unet runs on, a Jetson included.
     python3 -m tools.lab.knockout --env JETSON_UNET_TILES=DIR   # ... vs itself with a setting changed
     python3 -m tools.lab.knockout --list                     # the knockouts and what each removes
     python3 -m tools.lab.knockout kloop gn --batches 16 --per-op 20   # ... and per op (each launch alone)
+    python3 -m tools.lab.knockout --ref HEAD~1 --batches 1,4 --sms 8  # ... on an 8-SM slice
 
 Each variant, and the working tree it is timed against, is a copy in a scratch folder, without the
 shipped cubins (so all of them run this machine's compiler's code), importable as itself: a real
@@ -143,9 +144,9 @@ def make_tree(dest: Path, variant: str, ref: str = "") -> Path:
     """A copy of the working tree's package and tools, importable as itself from `dest`, its kernels
     patched (variant) or from `ref`: dest/jetson_unet (runtime/, kernels/ as jetson_unet/kernels,
     weights/ linked as jetson_unet/models) and dest/tools. The shipped cubins are left out, so every
-    variant, the unchanged one too, runs code of this machine's compiler: the shipped ones (NVRTC
-    11.8) ran 3-5% slower on an H100 than NVRTC 13's code of the same source (docs/performance.md),
-    which would otherwise count for or against any kernel change."""
+    variant, the unchanged one too, runs code of this machine's compiler: the shipped ones' (NVRTC
+    11.8, sm_90's 12.2) ran 1-5% slower on an H100 than NVRTC 13's code of the same source
+    (docs/performance.md), which would otherwise count for or against any kernel change."""
     plist = patches(variant) if variant else []
     shutil.rmtree(dest, ignore_errors=True)   # a --keep folder from an earlier run
     pkg = dest / PACKAGE
@@ -207,6 +208,8 @@ def bench(tree: Path, args: argparse.Namespace, out: Path, env: Sequence[Tuple[s
     with the environment settings `env` on top of this process's: {batch: graph ms}."""
     cmd = [sys.executable, "-m", "tools.bench_unet", "--no-torch", "--batches", args.batches, "--precisions",
            args.precision, "--iters", str(args.iters), "--repeats", str(args.repeats), "--json", str(out)]
+    if getattr(args, "sms", None):
+        cmd += ["--sms", str(args.sms)]   # on a slice of that many SMs (bench_unet --sms)
     if getattr(args, "per_op", 0):
         cmd += ["--per-op", "1"]   # every launch timed alone; per_op_rows reads them from `out`
     r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env={**os.environ, **dict(env)})
@@ -262,6 +265,7 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the knockouts and exit")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
+    ap.add_argument("--sms", type=int, default=None, metavar="N", help="run every variant on an N-SM slice")
     ap.add_argument("--rounds", type=int, default=2, help="turns each variant takes (default: 2)")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
