@@ -44,5 +44,5 @@ def test_slice_image_matches_the_whole_gpu(weights, sliced):
     for sms, img in zip((SLICE, None), images):
         db = [psnr_u8(img[i], ref[i]) for i in range(4)]
         assert min(db) >= 50.0, (sms, db)
-    # H100, 2026-11-27: mean 0.04-0.12 per image
+    # H100, 2026-11-27: 0.04 over the four images (0.11 with the GELU above)
     assert np.abs(images[0].astype(np.int16) - images[1].astype(np.int16)).mean() < 0.5
