@@ -251,6 +251,46 @@ def test_roofline_call_model_fit_and_prediction():
         assert floor[clock][0] < pred[clock][0] <= pred[clock][1] < worst[clock][1]
 
 
+def test_roofline_orin_nano_4gb_has_half_the_sms_and_a_third_of_the_8gb_super_bandwidth():
+    plan = build_plan(UNetConfig())
+    for mhz in (625, 1020):
+        for tc in roofline.ORIN_TC_PER_SM_CLK:
+            big, small = (roofline.orin(mhz, tc, board=b) for b in (roofline.NANO_8GB, roofline.NANO_4GB))
+            assert small.tc == big.tc / 2 and small.ffma == big.ffma / 2 and small.bw == 34e9
+            assert roofline.call_floor_s(plan, small) > roofline.call_floor_s(plan, big)
+    preds = roofline.predictions(plan, "fp16", 1, 100, None)
+    assert list(preds) == ["Orin Nano 8GB", "Orin Nano 4GB"]
+    assert all([what for what, _ in lines] == ["floor"] for lines in preds.values())
+    (_, p8), = preds["Orin Nano 8GB"]
+    (_, p4), = preds["Orin Nano 4GB"]
+    assert all(p4[c][0] > p8[c][0] for c in p8)
+
+
+def test_roofline_rows_per_op_and_per_class(capsys):
+    plan = build_plan(UNetConfig())
+    big = roofline.Machine("big GPU", 4e12, 7e14, 5e13)
+    floors = roofline.op_floors(plan, big, "fp16", 4)
+    times = {o.name: 3.0 * o.floor_s + 1e-6 for o in floors}
+    rows = roofline.roofline_rows(floors, times)
+    assert [r.name for r in rows] == [o.name for o in floors] and all(r.ops == 1 for r in rows)
+    r0 = rows[0]
+    assert r0.tflops == pytest.approx(floors[0].flops / times[r0.name] / 1e12)
+    assert r0.gbs == pytest.approx(floors[0].bytes / times[r0.name] / 1e9)
+    classes = roofline.class_rows(rows)
+    assert sum(c.ops for c in classes) == len(floors) == 75
+    assert sum(c.time_s for c in classes) == pytest.approx(sum(times.values()))
+    assert [c.time_s for c in classes] == sorted((c.time_s for c in classes), reverse=True)
+    conv = next(c for c in classes if c.name == "conv3x3")
+    assert conv.flops == pytest.approx(sum(o.flops for o in floors if o.op_class == "conv3x3"))
+    ops_ms = {n: {"hot_ms": 1e3 * t, "cold_ms": 2e3 * t} for n, t in times.items()}
+    model = roofline.CallModel(3.0, 1e-6, 75, 3.5)
+    roofline.print_measured(plan, big, "fp16", 4, ops_ms, model, {4: 1.0, 32: 2.0}, top=5)
+    out = capsys.readouterr().out
+    assert "share" in out and "the 5 slowest ops, hot" in out and "100.0%" in out
+    eff = roofline.class_efficiency(plan, big, "fp16", 4, ops_ms)
+    assert eff["cold"]["conv3x3"] == pytest.approx(2 * eff["hot"]["conv3x3"])
+
+
 def child_line(ready: float, compiles: int) -> str:
     return json.dumps({"import_s": 0.5, "weights_s": 0.1, "load_s": ready - 0.2, "first_step_s": 0.1,
                        "image_s": 0.1, "total_s": ready + 0.6, "ready_s": ready, "compiles": compiles})

@@ -10,15 +10,16 @@ the slower of its two terms), for one U-Net call and for one sampled image (100 
 Machines: (a) this GPU, its rates measured on the spot with CUDA events: a device-to-device copy
 of a large buffer (bytes read + written per second), a large fp16 `cupy.matmul` (cuBLAS, tensor
 cores, fp32 accumulation) and an fp32 one (FFMA; CUPY_TF32 must be unset); (b) the Orin Nano 8GB
-at 625 MHz (68 GB/s) and at 1020 MHz (the "Super" mode, 102 GB/s), from datasheet figures: 8 SMs,
-1024 CUDA cores (fp32 FFMA = 2 x 1024 x clock), fp16 tensor cores assumed at 1024 to 2048 dense
-FLOP/clock/SM (5.1-10.2 TFLOP/s at 625 MHz; the top matches 40 sparse INT8 TOPS / 4), both scaled
-with the GPU clock. GEMM convs and gates use the tensor rate at fp16/bf16; depthwise, the image
-convs and everything at fp32 use the FFMA rate. On a GPU it then times every op alone
-(`GpuExecutor.launch_op` between events, L2 flushed before each launch, and hot back to back) and
-the whole call (graph replay, tools.bench_unet), and predicts the Orin Nano time per image as the
-Orin floor times this GPU's measured/floor efficiency, as a range over the assumptions. Method:
-docs/bench.md.
+(8 SMs, 1024 CUDA cores; 68 GB/s at 625 MHz, 102 GB/s in the 1020 MHz "Super" mode) and 4GB (4 SMs,
+512 CUDA cores, 34 GB/s at both clocks), from datasheet figures: fp32 FFMA = 2 x cores x clock, fp16
+tensor cores assumed at 1024 to 2048 dense FLOP/clock/SM (8GB: 5.1-10.2 TFLOP/s at 625 MHz; the top
+matches 40 sparse INT8 TOPS / 4), both scaled with the GPU clock. GEMM convs and gates use the
+tensor rate at fp16/bf16; depthwise, the image convs and everything at fp32 use the FFMA rate. On a
+GPU it then times every op alone (`GpuExecutor.launch_op` between events, L2 flushed before each
+launch, and hot back to back) and the whole call (graph replay, tools.bench_unet), prints the
+per-op roofline (FLOPs, minimum bytes, achieved TFLOP/s and GB/s, share of the call) per op class
+and for the `--top` slowest ops, and predicts each Orin Nano's time per image as its floor times
+this GPU's measured/floor efficiency, as a range over the assumptions. Method: docs/bench.md.
 """
 from __future__ import annotations
 
@@ -41,8 +42,22 @@ from jetson_unet.ops.specs import kernel_kind
 from jetson_unet.paths import models_dir
 from tools.bench_unet import bench_ours
 
-ORIN_SMS, ORIN_CORES = 8, 1024
-ORIN_BW = {625: 68e9, 1020: 102e9}            # B/s: Orin Nano 8GB, 8GB "Super" (JetPack 6.1+)
+
+
+@dataclass(frozen=True)
+class Board:
+    """A Jetson board's GPU from its datasheet: SMs, CUDA cores, and memory bandwidth (B/s) at each
+    GPU clock (MHz) it runs."""
+    name: str
+    sms: int
+    cores: int
+    bw: Dict[int, float]
+
+
+NANO_8GB = Board("Orin Nano 8GB", 8, 1024, {625: 68e9, 1020: 102e9})   # 1020: the "Super" mode (JetPack 6.1+)
+NANO_4GB = Board("Orin Nano 4GB", 4, 512, {625: 34e9, 1020: 34e9})     # 64-bit LPDDR5 at both clocks
+BOARDS = (NANO_8GB, NANO_4GB)
+ORIN_SMS, ORIN_CORES, ORIN_BW = NANO_8GB.sms, NANO_8GB.cores, NANO_8GB.bw
 ORIN_TC_PER_SM_CLK = (1024, 2048)             # fp16 dense FLOP/clock/SM, fp32 accumulate: assumed range
 SEED_REPORT_S = 2.5                           # the seed report: Orin Nano, 64x64, 100 steps
 TC_KINDS = ("gemm", "gate")                   # kernels with mma.sync at fp16/bf16
@@ -72,15 +87,16 @@ class OpFloor:
         return max(self.compute_s, self.memory_s)
 
 
-def orin(mhz: float, tc_per_sm_clk: float, bw: Optional[float] = None) -> Machine:
-    """The Orin Nano 8GB at a GPU clock; bandwidth from the datasheet pairing unless given."""
+def orin(mhz: float, tc_per_sm_clk: float, bw: Optional[float] = None, board: Board = NANO_8GB) -> Machine:
+    """A board (the Orin Nano 8GB by default) at a GPU clock; bandwidth from the datasheet pairing
+    unless given."""
     if bw is None:
-        if mhz not in ORIN_BW:
-            raise ValueError(f"no datasheet bandwidth for {mhz} MHz (known: {sorted(ORIN_BW)}); pass bw")
-        bw = ORIN_BW[mhz]
+        if mhz not in board.bw:
+            raise ValueError(f"no datasheet bandwidth for {mhz} MHz (known: {sorted(board.bw)}); pass bw")
+        bw = board.bw[mhz]
     hz = mhz * 1e6
-    return Machine(f"Orin Nano 8GB @{mhz:g} MHz, TC {tc_per_sm_clk:g} FLOP/clk/SM", bw,
-                   ORIN_SMS * tc_per_sm_clk * hz, 2.0 * ORIN_CORES * hz)
+    return Machine(f"{board.name} @{mhz:g} MHz, TC {tc_per_sm_clk:g} FLOP/clk/SM", bw,
+                   board.sms * tc_per_sm_clk * hz, 2.0 * board.cores * hz)
 
 
 def op_floors(plan: Plan, m: Machine, precision: str = "fp16", batch: int = 1) -> List[OpFloor]:
@@ -109,14 +125,6 @@ def call_floor_s(plan: Plan, m: Machine, precision: str = "fp16", batch: int = 1
 def image_floor_s(plan: Plan, m: Machine, precision: str = "fp16", batch: int = 1, steps: int = 100) -> float:
     """Seconds per image of a `steps`-step sampling at this batch."""
     return steps * (call_floor_s(plan, m, precision, batch) + psample_floor_s(plan, m, batch)) / batch
-
-
-def by_class(floors: List[OpFloor], values: Optional[Dict[str, float]] = None) -> Dict[str, float]:
-    """Sum per op class of the floors (or of `values[name]` when given)."""
-    out: Dict[str, float] = {}
-    for o in floors:
-        out[o.op_class] = out.get(o.op_class, 0.0) + (o.floor_s if values is None else values[o.name])
-    return out
 
 
 # ---- measurement on this GPU ------------------------------------------------------------------------
@@ -207,12 +215,9 @@ def class_efficiency(plan: Plan, this: Machine, precision: str, batch: int,
                      ops_ms: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
     """measured / floor on this GPU per op class, for the cold and the hot per-op times."""
     floors = op_floors(plan, this, precision, batch)
-    fl = by_class(floors)
-    out = {}
-    for k in ("cold", "hot"):
-        meas = by_class(floors, {n: v[f"{k}_ms"] * 1e-3 for n, v in ops_ms.items()})
-        out[k] = {c: meas[c] / fl[c] for c in fl}
-    return out
+    return {k: {r.op_class: r.time_s / r.floor_s
+                for r in class_rows(roofline_rows(floors, {n: v[f"{k}_ms"] * 1e-3 for n, v in ops_ms.items()}))}
+            for k in ("cold", "hot")}
 
 
 @dataclass(frozen=True)
@@ -238,16 +243,17 @@ def fit_call_model(plan: Plan, this: Machine, precision: str, small: Tuple[int, 
 
 
 def predict_orin(plan: Plan, precision: str = "fp16", batch: int = 1, steps: int = 100, k: float = 1.0,
-                 fixed_s: float = 0.0, this_mhz: Optional[float] = None) -> Dict[str, Tuple[float, float]]:
-    """Seconds per image on the Orin Nano per clock: min..max over the tensor-rate assumptions and,
-    when `this_mhz` is known, over the fixed cost kept in seconds or scaled by this_mhz / Orin MHz
-    (the same cycles). Defaults: the floor itself."""
+                 fixed_s: float = 0.0, this_mhz: Optional[float] = None,
+                 board: Board = NANO_8GB) -> Dict[str, Tuple[float, float]]:
+    """Seconds per image on a board (the Orin Nano 8GB by default) per clock: min..max over the
+    tensor-rate assumptions and, when `this_mhz` is known, over the fixed cost kept in seconds or
+    scaled by this_mhz / Orin MHz (the same cycles). Defaults: the floor itself."""
     n, out = len(plan_costs(plan)), {}
-    for mhz in ORIN_BW:
+    for mhz in board.bw:
         fixed = [fixed_s] + ([fixed_s * this_mhz / mhz] if this_mhz else [])
         vals = []
         for tc in ORIN_TC_PER_SM_CLK:
-            m = orin(mhz, tc)
+            m = orin(mhz, tc, board=board)
             call, ps = call_floor_s(plan, m, precision, batch), psample_floor_s(plan, m, batch)
             vals += [steps * (k * call + n * f + ps) / batch for f in fixed]
         out[f"{mhz} MHz"] = (min(vals), max(vals))
@@ -282,31 +288,101 @@ def op_floor_bytes(plan: Plan, precision: str, batch: int) -> float:
     return sum((batch * c.act_elems + c.weight_elems) * ELEM_BYTES[precision] for c in plan_costs(plan))
 
 
+@dataclass(frozen=True)
+class RooflineRow:
+    """An op, or an op class (its ops summed), against its floor on this GPU at a measured time."""
+    name: str
+    op_class: str
+    ops: int
+    flops: float
+    bytes: float      # minimum bytes (jetson_unet.model.cost): achieved GB/s is an effective rate
+    floor_s: float
+    time_s: float
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.time_s / 1e12
+
+    @property
+    def gbs(self) -> float:
+        return self.bytes / self.time_s / 1e9
+
+
+def roofline_rows(floors: List[OpFloor], times: Dict[str, float]) -> List[RooflineRow]:
+    """One row per op: its FLOPs, minimum bytes and floor on this GPU, and `times[name]` seconds."""
+    return [RooflineRow(o.name, o.op_class, 1, o.flops, o.bytes, o.floor_s, times[o.name]) for o in floors]
+
+
+def class_rows(rows: List[RooflineRow]) -> List[RooflineRow]:
+    """The rows summed per op class, the slowest class first."""
+    out: Dict[str, RooflineRow] = {}
+    for r in rows:
+        c = out.get(r.op_class)
+        out[r.op_class] = (RooflineRow(r.op_class, r.op_class, 1, r.flops, r.bytes, r.floor_s, r.time_s) if c is None
+                           else RooflineRow(c.name, c.op_class, c.ops + 1, c.flops + r.flops, c.bytes + r.bytes,
+                                            c.floor_s + r.floor_s, c.time_s + r.time_s))
+    return sorted(out.values(), key=lambda r: -r.time_s)
+
+
+def row_json(r: RooflineRow, total_s: float) -> Dict[str, Any]:
+    return dict(asdict(r), tflops=r.tflops, gbs=r.gbs, share=r.time_s / total_s)
+
+
+def print_rows(title: str, rows: List[RooflineRow], total_s: float) -> None:
+    print(title)
+    print(f"{'':<26} {'ops':>4} {'GFLOP':>7} {'MB':>7} {'floor us':>9} {'us':>8} {'/floor':>7} "
+          f"{'TFLOP/s':>8} {'GB/s':>7} {'share':>6}")
+    for r in rows:
+        print(f"{r.name:<26} {r.ops:>4} {r.flops / 1e9:>7.3f} {r.bytes / 1e6:>7.2f} {1e6 * r.floor_s:>9.1f} "
+              f"{1e6 * r.time_s:>8.1f} {r.time_s / r.floor_s:>7.2f} {r.tflops:>8.2f} {r.gbs:>7.0f} "
+              f"{100 * r.time_s / total_s:>5.1f}%")
+
+
 def print_measured(plan: Plan, this: Machine, precision: str, batch: int, ops_ms: Dict[str, Dict[str, float]],
-                   model: CallModel, calls: Dict[int, float]) -> None:
+                   model: CallModel, calls: Dict[int, float], top: int) -> None:
     floors = op_floors(plan, this, precision, batch)
-    fl = by_class(floors)
-    cold = by_class(floors, {n: v["cold_ms"] * 1e-3 for n, v in ops_ms.items()})
-    hot = by_class(floors, {n: v["hot_ms"] * 1e-3 for n, v in ops_ms.items()})
-    count = {c: sum(o.op_class == c for o in floors) for c in fl}
-    print(f"\nthis GPU, each op alone ({precision}, batch {batch}): measured vs floor, per op class")
-    print(f"{'class':<10} {'ops':>4} {'floor us':>9} {'cold us':>9} {'hot us':>9} {'cold/floor':>10} {'hot/floor':>9}")
-    for c in sorted(fl, key=lambda k: -cold[k]):
-        print(f"{c:<10} {count[c]:>4} {1e6 * fl[c]:>9.1f} {1e6 * cold[c]:>9.1f} {1e6 * hot[c]:>9.1f} "
-              f"{cold[c] / fl[c]:>10.2f} {hot[c] / fl[c]:>9.2f}")
-    print(f"{'sum':<10} {len(floors):>4} {1e6 * sum(fl.values()):>9.1f} {1e6 * sum(cold.values()):>9.1f} "
-          f"{1e6 * sum(hot.values()):>9.1f}")
+    hot = roofline_rows(floors, {n: v["hot_ms"] * 1e-3 for n, v in ops_ms.items()})
+    cold = roofline_rows(floors, {n: v["cold_ms"] * 1e-3 for n, v in ops_ms.items()})
+    total = sum(r.time_s for r in hot)
+    print_rows(f"\nthis GPU, each op alone, hot ({precision}, batch {batch}): per op class; share = of the ops' sum",
+               class_rows(hot) + [RooflineRow("sum", "", len(hot), sum(r.flops for r in hot),
+                                              sum(r.bytes for r in hot), sum(r.floor_s for r in hot), total)], total)
+    cold_s = sum(r.time_s for r in cold)
+    print("cold (L2 flushed before each launch), per class: " + ", ".join(
+        f"{r.name} {1e6 * r.time_s:.1f} us ({r.time_s / r.floor_s:.2f} x floor)" for r in class_rows(cold))
+        + f"; sum {1e6 * cold_s:.1f} us")
+    if top:
+        print_rows(f"the {top} slowest ops, hot", sorted(hot, key=lambda r: -r.time_s)[:top], total)
     for b, t in calls.items():
         f = call_floor_s(plan, this, precision, b)
         print(f"whole call, batch {b} (CUDA-graph replay): {1e6 * t:.1f} us = {t / f:.2f} x its floor {1e6 * f:.1f} us")
     print(f"fit: call = {model.k:.2f} x floor + {model.n_ops} x {1e6 * model.fixed_s:.2f} us")
 
 
-def print_prediction(steps: int, batch: int, lines: List[Tuple[str, Dict[str, Tuple[float, float]]]]) -> None:
-    print(f"\nOrin Nano 8GB, s per image ({steps} steps, batch {batch}); seed report: {SEED_REPORT_S} s")
-    for what, pred in lines:
-        ranges = "   ".join(f"@{clock}: {lo:.3f}-{hi:.3f}" for clock, (lo, hi) in pred.items())
-        print(f"  {what:<44} {ranges}")
+Predictions = Dict[str, List[Tuple[str, Dict[str, Tuple[float, float]]]]]   # board -> (what, clock -> range)
+
+
+def predictions(plan: Plan, precision: str, batch: int, steps: int, meas: Optional[Dict[str, Any]]) -> Predictions:
+    """Per board: the floor and, with a measurement, the fit's prediction and the pessimistic bound."""
+    out: Predictions = {}
+    for bd in BOARDS:
+        lines = [("floor", predict_orin(plan, precision, batch, steps, board=bd))]
+        if meas is not None:
+            m = meas["model"]
+            lines.append(("predicted: k x floor + fixed cost per launch",
+                          predict_orin(plan, precision, batch, steps, m.k, m.fixed_s, meas["mhz"], board=bd)))
+            lines.append(("pessimistic: floor x this GPU's call/floor",
+                          predict_orin(plan, precision, batch, steps, m.e_call, board=bd)))
+        out[bd.name] = lines
+    return out
+
+
+def print_prediction(steps: int, batch: int, preds: Predictions) -> None:
+    for board, lines in preds.items():
+        print(f"\n{board}, s per image ({steps} steps, batch {batch}); seed report (8GB): {SEED_REPORT_S} s")
+        for what, pred in lines:
+            ranges = "   ".join(f"@{clock}: {lo:.3f}-{hi:.3f}" for clock, (lo, hi) in pred.items())
+            print(f"  {what:<44} {ranges}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -320,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="second batch of the whole-call fit, where the kernels have work (default: 32)")
     ap.add_argument("--no-gpu", action="store_true", help="floors only: measure nothing")
     ap.add_argument("--sms", type=int, default=None, help="measure on a slice of N SMs (a CUDA green context)")
+    ap.add_argument("--top", type=int, default=10, help="also list the N slowest ops (default: 10; 0: none)")
     ap.add_argument("--json", default="", help="also write every figure to this JSON file")
     return ap
 
@@ -345,12 +422,12 @@ def measure(weights: Any, plan: Plan, backend: Any, args: argparse.Namespace) ->
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    if min(args.batch, args.repeats, args.steps or 1) < 1 or args.fit_batch <= args.batch:
-        raise SystemExit("roofline: --batch, --repeats, --steps must be >= 1 and --fit-batch > --batch")
+    if min(args.batch, args.repeats, args.steps or 1) < 1 or args.fit_batch <= args.batch or args.top < 0:
+        raise SystemExit("roofline: --batch, --repeats, --steps must be >= 1, --top >= 0 and --fit-batch > --batch")
     weights = load_model(args.weights)
     plan = build_plan(weights.config)
     steps = args.steps or weights.config.timesteps
-    machines = [orin(mhz, tc) for mhz in ORIN_BW for tc in ORIN_TC_PER_SM_CLK]
+    machines = [orin(mhz, tc, board=bd) for bd in BOARDS for mhz in bd.bw for tc in ORIN_TC_PER_SM_CLK]
     backend, meas = None, None
     if not args.no_gpu:
         from jetson_unet.backends import get_backend, gpu_available
@@ -363,33 +440,34 @@ def main(argv: Optional[List[str]] = None) -> int:
         meas = measure(weights, plan, backend, args)
         machines.insert(0, meas["this"])
     print_floors(plan, machines, args.precision, args.batch, steps)
-    lines = [("floor", predict_orin(plan, args.precision, args.batch, steps))]
     if meas is not None:
-        m = meas["model"]
-        print_measured(plan, meas["this"], args.precision, args.batch, meas["ops_ms"], m, meas["calls_s"])
-        lines.append(("predicted: k x floor + fixed cost per launch",
-                      predict_orin(plan, args.precision, args.batch, steps, m.k, m.fixed_s, meas["mhz"])))
-        lines.append(("pessimistic: floor x this GPU's call/floor",
-                      predict_orin(plan, args.precision, args.batch, steps, m.e_call)))
-    print_prediction(steps, args.batch, lines)
+        print_measured(plan, meas["this"], args.precision, args.batch, meas["ops_ms"], meas["model"],
+                       meas["calls_s"], args.top)
+    preds = predictions(plan, args.precision, args.batch, steps, meas)
+    print_prediction(steps, args.batch, preds)
     if args.json:
-        write_json(args.json, plan, machines, args, steps, meas, lines)
+        write_json(args.json, plan, machines, args, steps, meas, preds)
     return 0
 
 
 def write_json(path: str, plan: Plan, machines: List[Machine], args: argparse.Namespace, steps: int,
-               meas: Optional[Dict[str, Any]], lines: List[Tuple[str, Dict[str, Tuple[float, float]]]]) -> None:
+               meas: Optional[Dict[str, Any]], preds: Predictions) -> None:
     doc: Dict[str, Any] = {"precision": args.precision, "batch": args.batch, "steps": steps,
                            "seed_report_s": SEED_REPORT_S, "machines": [asdict(m) for m in machines],
-                           "assumptions": {"orin_bw": ORIN_BW, "orin_tc_flop_per_clk_sm": ORIN_TC_PER_SM_CLK,
-                                           "orin_sms": ORIN_SMS, "orin_cuda_cores": ORIN_CORES},
+                           "assumptions": {"boards": [asdict(b) for b in BOARDS],
+                                           "orin_tc_flop_per_clk_sm": ORIN_TC_PER_SM_CLK},
                            "floors": {m.name: [dict(asdict(o), floor_s=o.floor_s)
                                                for o in op_floors(plan, m, args.precision, args.batch)]
                                       for m in machines},
-                           "orin_s_per_image": {what: pred for what, pred in lines}}
+                           "orin_s_per_image": {bd: {what: pred for what, pred in lines} for bd, lines in preds.items()}}
     if meas is not None:
+        hot = roofline_rows(op_floors(plan, meas["this"], args.precision, args.batch),
+                            {n: v["hot_ms"] * 1e-3 for n, v in meas["ops_ms"].items()})
+        total = sum(r.time_s for r in hot)
         doc.update({k: v for k, v in meas.items() if k not in ("this", "model")},
-                   this_gpu=asdict(meas["this"]), call_model=asdict(meas["model"]))
+                   this_gpu=asdict(meas["this"]), call_model=asdict(meas["model"]),
+                   roofline_hot={"ops": [row_json(r, total) for r in hot],
+                                 "classes": [row_json(r, total) for r in class_rows(hot)]})
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
 
