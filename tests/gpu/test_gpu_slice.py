@@ -46,3 +46,10 @@ def test_slice_image_matches_the_whole_gpu(weights, sliced):
         assert min(db) >= 50.0, (sms, db)
     # H100, 2026-11-27: 0.04 over the four images (0.11 with the GELU above)
     assert np.abs(images[0].astype(np.int16) - images[1].astype(np.int16)).mean() < 0.5
+
+
+def test_mma_peak_runs_on_the_slice(sliced):
+    import tools.lab.mma_peak as mp
+    res = mp.measure(sliced, sliced.sm_count(), 1, 200, 2)
+    assert [r["chains"] for r in res["rows"]] == list(mp.CHAINS)
+    assert all(r["s"] > 0 and r["tflops"] > 0 for r in res["rows"])
