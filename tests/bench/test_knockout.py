@@ -91,6 +91,22 @@ def test_ref_kernels_come_from_a_folder(tmp_path):
         K.ref_names(str(src))
 
 
+def test_a_whole_tree_ref_brings_its_package_and_its_kernels(tmp_path):
+    """A kernel change that moves the launchers too is timed against a whole tree: runtime/ + kernels/."""
+    old = tmp_path / "old"
+    shutil.copytree(ROOT / "runtime", old / "runtime", ignore=K._skip)
+    shutil.copytree(ROOT / "kernels", old / "kernels")
+    (old / "runtime" / "ops" / "dwconv.py").write_text((old / "runtime" / "ops" / "dwconv.py").read_text() + "# old\n")
+    (old / "kernels" / "dwconv.cu").write_text("// old dwconv\n")
+    assert K.whole_tree(str(old)) and not K.whole_tree(str(old / "kernels"))
+    assert any(n.endswith("dwconv.cu") for n in K.ref_names(str(old)))
+    tree = K.make_tree(tmp_path / "t", "", str(old))
+    assert (tree / "jetson_unet" / "ops" / "dwconv.py").read_text().endswith("# old\n")
+    assert (tree / "jetson_unet" / "kernels" / "dwconv.cu").read_text() == "// old dwconv\n"
+    assert (tree / "jetson_unet" / "kernels" / "conv.cu").read_bytes() == (ROOT / "kernels" / "conv.cu").read_bytes()
+    assert (tree / "tools" / "bench_unet.py").read_bytes() == (ROOT / "tools" / "bench_unet.py").read_bytes()
+
+
 def test_summary_gives_each_variant_its_median_saving_against_the_base():
     times = {"working tree": [{1: 0.395, 16: 1.034}, {1: 0.395, 16: 1.030}],
              "gelu": [{1: 0.384, 16: 0.984}, {1: 0.384, 16: 0.985}]}

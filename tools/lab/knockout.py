@@ -7,6 +7,7 @@ tools.bench_unet runs on, a Jetson included.
     python3 -m tools.lab.knockout gelu+stats --batches 1     # two knockouts in one copy
     python3 -m tools.lab.knockout --ref HEAD~1               # the working tree vs HEAD~1's kernels/
     python3 -m tools.lab.knockout --ref .device/kbase        # ... vs the kernel files in a folder
+    python3 -m tools.lab.knockout --ref .device/old          # ... vs a whole tree (runtime/ and kernels/)
     python3 -m tools.lab.knockout --env JETSON_UNET_TILES=DIR   # ... vs itself with a setting changed
     python3 -m tools.lab.knockout --list                     # the knockouts and what each removes
     python3 -m tools.lab.knockout kloop gn --batches 16 --per-op 20   # ... and per op (each launch alone)
@@ -19,7 +20,10 @@ and weights/ linked as jetson_unet/models/) beside a copy of tools/. Its kernels
 exact replacements in kernels/*.cu; a replacement whose text is not found exactly once fails before
 anything runs) or taken from a revision (`git show REV:kernels/...`) or from a folder (what a lent
 machine whose copy of the repo has no git history needs: `git archive HEAD kernels | tar -x
---strip-components=1 -C .device/kbase` first, on the host); the Python is the working tree's. Every
+--strip-components=1 -C .device/kbase` first, on the host); the Python is the working tree's, except
+for a folder holding runtime/ and kernels/ (`git archive HEAD runtime kernels | tar -x -C
+.device/old`): a whole tree, for a change of kernels and launchers together (the tools stay the
+working tree's). Every
 row is `python -m tools.bench_unet --no-torch` in a fresh process whose working directory is its
 tree, so a copy's own package comes before the installed one (checked before anything is timed),
 and the variants take turns for --rounds rounds (docs/performance.md, Method). Printed last: graph
@@ -106,8 +110,16 @@ def apply(kernels: Path, plist: Sequence[Patch]) -> None:
         path.write_text(text.replace(old, new))
 
 
+def whole_tree(rev: str) -> bool:
+    """A --ref folder holding runtime/ and kernels/: the package and the kernels of another tree."""
+    return Path(rev).is_dir() and (Path(rev) / "runtime").is_dir() and (Path(rev) / "kernels").is_dir()
+
+
 def ref_names(rev: str, repo: Path = ROOT) -> List[str]:
-    """The files of kernels/ at git revision `rev`, or a folder's files; UsageError where neither is."""
+    """The files of kernels/ at git revision `rev`, or a folder's files (a whole tree's kernels/);
+    UsageError where neither is."""
+    if whole_tree(rev):
+        return ref_names(str(Path(rev) / "kernels"), repo)
     if Path(rev).is_dir():
         names = sorted(str(p) for p in Path(rev).iterdir() if p.is_file())
         if not any(n.endswith(".cu") for n in names):
@@ -126,6 +138,8 @@ def ref_names(rev: str, repo: Path = ROOT) -> List[str]:
 
 def ref_kernels(rev: str, dest: Path, repo: Path = ROOT) -> None:
     """Overwrite dest's files with the kernels/ of git revision `rev`, or with a folder's files."""
+    if whole_tree(rev):
+        rev = str(Path(rev) / "kernels")
     for name in ref_names(rev, repo):
         if Path(rev).is_dir():
             shutil.copy2(name, dest / Path(name).name)
@@ -150,7 +164,7 @@ def make_tree(dest: Path, variant: str, ref: str = "") -> Path:
     plist = patches(variant) if variant else []
     shutil.rmtree(dest, ignore_errors=True)   # a --keep folder from an earlier run
     pkg = dest / PACKAGE
-    shutil.copytree(ROOT / "runtime", pkg, ignore=_skip)
+    shutil.copytree(Path(ref) / "runtime" if ref and whole_tree(ref) else ROOT / "runtime", pkg, ignore=_skip)
     shutil.copytree(ROOT / "kernels", pkg / "kernels", ignore=_skip)
     try:
         (pkg / "models").symlink_to(ROOT / "weights", target_is_directory=True)
