@@ -221,7 +221,7 @@ def test_roofline_orin_floors_positive_and_scale_with_clock(tc):
     assert roofline.image_floor_s(plan, slow, steps=100) > 100 * f_slow > 0
     compute = [sum(o.compute_s for o in roofline.op_floors(plan, m)) for m in (slow, fast)]
     assert compute[0] / compute[1] == pytest.approx(1020 / 625)
-    same_bw = roofline.call_floor_s(plan, roofline.orin(1020, tc, bw=roofline.ORIN_BW[625]))
+    same_bw = roofline.call_floor_s(plan, roofline.orin(1020, tc, bw=roofline.NANO_8GB.bw[625]))
     assert f_slow * 625 / 1020 <= same_bw < f_slow        # clock alone: compute-bound ops only
     with pytest.raises(ValueError):
         roofline.orin(800, tc)

@@ -119,7 +119,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def clock_hz(backend: Any) -> Optional[float]:
-    """The SM clock the driver reports as current (NVML through CuPy is not assumed); None if unknown."""
+    """The SM clock NVML reports now (nvidia-ml-py, where installed), to print FLOP per clock; else None."""
     try:
         import pynvml   # nvidia-ml-py, where installed
         pynvml.nvmlInit()

@@ -43,7 +43,6 @@ from jetson_unet.paths import models_dir
 from tools.bench_unet import bench_ours
 
 
-
 @dataclass(frozen=True)
 class Board:
     """A Jetson board's GPU from its datasheet: SMs, CUDA cores, and memory bandwidth (B/s) at each
@@ -57,7 +56,6 @@ class Board:
 NANO_8GB = Board("Orin Nano 8GB", 8, 1024, {625: 68e9, 1020: 102e9})   # 1020: the "Super" mode (JetPack 6.1+)
 NANO_4GB = Board("Orin Nano 4GB", 4, 512, {625: 34e9, 1020: 34e9})     # 64-bit LPDDR5 at both clocks
 BOARDS = (NANO_8GB, NANO_4GB)
-ORIN_SMS, ORIN_CORES, ORIN_BW = NANO_8GB.sms, NANO_8GB.cores, NANO_8GB.bw
 ORIN_TC_PER_SM_CLK = (1024, 2048)             # fp16 dense FLOP/clock/SM, fp32 accumulate: assumed range
 SEED_REPORT_S = 2.5                           # the seed report: Orin Nano, 64x64, 100 steps
 TC_KINDS = ("gemm", "gate")                   # kernels with mma.sync at fp16/bf16
