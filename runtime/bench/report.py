@@ -29,11 +29,11 @@ from jetson_unet.files import output_set
 log = logging.getLogger(__name__)
 
 SCHEMA = "jetson-bench/1"
-RUN_FIELDS = ("wall_s", "s_per_image", "images_per_s", "gpu_ms_per_step", "gpu_kernel_ms_per_step",
+RUN_FIELDS = ("wall_s", "images", "s_per_image", "images_per_s", "gpu_ms_per_step", "gpu_kernel_ms_per_step",
               "cpu_ms_per_step", "gpu_busy_fraction", "mean_power_w", "peak_power_w", "energy_j",
               "energy_j_per_image", "max_temp_c", "max_gpu_mhz", "mean_gpu_util")
 CSV_FIELDS = ("label", "backend", "precision", "mode", "sampler", "steps", "batch", "graphs", "runs",
-              "s_per_image", "images_per_s", "wall_s", "gpu_ms_per_step", "gpu_kernel_ms_per_step",
+              "images", "s_per_image", "images_per_s", "wall_s", "gpu_ms_per_step", "gpu_kernel_ms_per_step",
               "cpu_ms_per_step", "gpu_busy_fraction", "setup_s", "cold_start_s", "warm_start_s", "aot_start_s",
               "prepare_s", "cold_ready_s", "warm_ready_s", "aot_ready_s", "launches_per_unet", "arena_bytes",
               "weights_bytes", "device_mem_bytes", "mean_power_w", "peak_power_w", "energy_j_per_image",
@@ -157,11 +157,12 @@ def model_info(weights: Any) -> Dict[str, Any]:
 
 # ---- the document -------------------------------------------------------------------------------------
 
-def power_fields(s: Dict[str, Any], batch: int) -> Dict[str, Any]:
-    """One run's telemetry window (jetson_unet.bench.telemetry.summarize) -> the run's power fields."""
+def power_fields(s: Dict[str, Any], images: int) -> Dict[str, Any]:
+    """One run's telemetry window (jetson_unet.bench.telemetry.summarize) and the images it sampled
+    -> the run's power fields."""
     temps, e = s.get("max_temps_c") or {}, s.get("energy_j")
     return {"mean_power_w": s["mean_power_w"], "peak_power_w": s["peak_power_w"], "energy_j": e,
-            "energy_j_per_image": e / batch if e is not None else None, "energy_method": s["energy_method"],
+            "energy_j_per_image": e / images if e is not None else None, "energy_method": s["energy_method"],
             "power_rail": s["power_rail"], "temps_c": temps, "max_temp_c": max(temps.values()) if temps else None,
             "max_gpu_mhz": s["max_gpu_mhz"], "mean_gpu_util": s["mean_gpu_util"], "telemetry_samples": s["n"]}
 
@@ -219,7 +220,7 @@ def assemble(args: Any, weights: Any, gpu: Any, tel: Any, origin: float, configs
              colds: List[dict], notices: List[str]) -> Dict[str, Any]:
     for rec in configs:
         for r in rec["runs"]:
-            r.update(power_fields(tel.summary(r["t0"], r["t1"]), rec["config"]["batch"]))
+            r.update(power_fields(tel.summary(r["t0"], r["t1"]), r.get("images", rec["config"]["batch"])))
         rec["summary"] = summarize_config(rec, tel.source)
     rebase(configs, colds, origin)
     return {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,

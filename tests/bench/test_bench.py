@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -48,6 +49,22 @@ def numpy_result(weights_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     out = tmp_path_factory.mktemp("bench") / "out"
     assert bench.main(base_args(weights_path, out) + ["--batch", "1", "2"]) == 0
     return out
+
+
+def test_a_run_samples_again_until_it_has_lasted_min_run_s(weights_path: Path, tmp_path: Path):
+    """Power and energy need a window of many telemetry samples: --min-run-s repeats the sampling
+    back to back and counts every image; without telemetry a run is one pass."""
+    assert bench.main(base_args(weights_path, tmp_path / "a") + ["--batch", "2"]) == 0
+    one = json.loads((tmp_path / "a" / "bench.json").read_text())["configs"][0]["runs"][0]
+    assert one["passes"] == 1 and one["images"] == 2
+    least = 1.5 * one["wall_s"]   # at least two passes of about that length
+    assert bench.main(base_args(weights_path, tmp_path / "b") + ["--batch", "2", "--min-run-s", str(least)]) == 0
+    run = json.loads((tmp_path / "b" / "bench.json").read_text())["configs"][0]["runs"][0]
+    assert run["passes"] >= 2 and run["images"] == 2 * run["passes"] and run["wall_s"] >= least, run
+    assert run["s_per_image"] == pytest.approx(run["wall_s"] / run["images"])
+    args = bench.build_parser().parse_args(["--interval", "0.05"])
+    assert bench.min_run_s(args, SimpleNamespace(source="nvml")) == pytest.approx(1.0)
+    assert bench.min_run_s(args, SimpleNamespace(source="none")) == 0.0
 
 
 def test_numpy_run_writes_json_and_csv(numpy_result: Path, weights_path: Path):
