@@ -138,7 +138,8 @@ NUMBERS = {   # (main, prog, base argv): {flag: bad values}
         "--sms": ["0"], "--budget": ["lots", "inf", "0"]}),
     "bench": (runner.main, "jetson-bench", [], {
         "--batch": ["0"], "--steps": ["0"], "--eta": ["nan"], "--runs": ["0", "x"], "--warmup": ["-1"],
-        "--seed": ["-1"], "--interval": ["0", "nan", "-1"], "--cold-timeout": ["0", "inf"], "--sms": ["0", "x"]}),
+        "--seed": ["-1"], "--interval": ["0", "nan", "-1"], "--min-run-s": ["-1", "inf", "nan"], "--cold-timeout": ["0", "inf"],
+        "--sms": ["0", "x"]}),
     "tune": (tune.main, "jetson-tune", [], {"--batch": ["0"], "--split-top": ["0", "x"], "--sms": ["0"]}),
     "weights random": (cli.weights_cli, "jetson-weights", ["random", "w.npz"], {"--seed": ["-1", "x"]}),
 }
