@@ -16,11 +16,12 @@ of `--repeats` launches after one warm-up.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+
+from jetson_unet.bench.timing import timed
 
 WARPS = 8
 MMA_FLOP = 2 * 16 * 8 * 16   # one m16n8k16: 2048 multiply-adds
@@ -68,16 +69,8 @@ def measure(backend: Any, sms: int, ctas_per_sm: int, iters: int, repeats: int) 
     rows: List[Dict[str, Any]] = []
     for chains in CHAINS:
         kern = mod.get_function(f"mma_peak_{chains}")
-        ms = []
-        for r in range(repeats + 1):
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record(stream)
-            kern((ctas,), (32 * WARPS,), (out, np.int32(iters)), stream=stream)
-            e1.record(stream)
-            e1.synchronize()
-            if r:   # the first is the warm-up
-                ms.append(cp.cuda.get_elapsed_time(e0, e1))
-        t = statistics.median(ms) * 1e-3
+        launch = lambda: kern((ctas,), (32 * WARPS,), (out, np.int32(iters)), stream=stream)   # noqa: E731
+        t = timed(backend, stream, launch, 1, 1, repeats) * 1e-3   # one warm-up, the median of single launches
         rows.append({"chains": chains, "s": t, "tflops": flops(ctas, iters, chains) / t / 1e12})
     return {"sms": sms, "ctas_per_sm": ctas_per_sm, "iters": iters, "rows": rows}
 
