@@ -331,8 +331,9 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, sadd
 // acc is [MF][NF][4] (tensor cores) or [TM][TN][1] (FFMA); m-tile mt of mtiles, K split sk; `red`
 // (33 floats) is the kernel's static smem scratch for the statistics; `pre` the prefetched bias
 // and time bias; `fcol` the folded GroupNorm's column term (conv_gn_prologue), nullptr without one
-// (it needs the prefetch: EP and BN <= 128, which the host checks).
-template <class D, int BM, int BN, int WM, int WN, int VEC, int GATE, int A0, int A1, int A2, bool EP>
+// (it needs the prefetch: EP and BN <= 128, which the host checks). UPS 2: conv_pipe.cu's sub-pixel
+// up2 convs, whose row m is output pixel (2 iy + py, 2 ix + px) of its parity class (SubPixel there).
+template <class D, int BM, int BN, int WM, int WN, int VEC, int GATE, int UPS = 1, int A0, int A1, int A2, bool EP>
 __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles, int mt, int sk, float *red,
                                             const EpiloguePrefetch<BN, 32 * WM * WN, (GATE != 0), EP> &pre,
                                             const float *fcol, CONV_PARAMS) {
@@ -522,9 +523,19 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         // 2^31 elements, as the loaders assume): per pair a constant past its row's offset. The
         // 64-bit (b * M + m) * ld + n of each pair was ~12 instructions per stored pair (Nsight
         // Compute).
-        const size_t tile0 = (size_t)b * M + m0;
+        const size_t tile0 = (size_t)b * M + (UPS == 1 ? m0 : 0);
         S *const outt = out + tile0 * ldo + n0;
         const S *const rest = res ? res + tile0 * ldres + n0 : nullptr;
+        // the output pixel of tile row r, from the tile's (UPS 1) or the sample's (UPS 2) first pixel
+        const int sub_cls = UPS == 2 ? div_small(m0, Hin * Win) : 0, sub_m = m0 - sub_cls * Hin * Win;
+        auto pix = [&](int r) -> int {
+            if constexpr (UPS == 1) {
+                return r;
+            } else {
+                const int mi = sub_m + r, iy = div_small(mi, Win);
+                return (2 * iy + (sub_cls >> 1)) * Wout + 2 * (mi - iy * Win) + (sub_cls & 1);
+            }
+        };
 #pragma unroll
         for (int p = 0; p < NPAIR; ++p) {
             int ri, r, c;
@@ -532,11 +543,12 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             float v0 = v[0], v1 = v[1];
             const int m = m0 + r, n = n0 + c;
             const bool ok0 = m < M && n < N, ok1 = m < M && n + 1 < N;
+            const int q = pix(r);
             if (rest) {
-                if (ok0) v0 += D::to_f(rest[r * ldres + c]);
-                if (ok1) v1 += D::to_f(rest[r * ldres + c + 1]);
+                if (ok0) v0 += D::to_f(rest[q * ldres + c]);
+                if (ok1) v1 += D::to_f(rest[q * ldres + c + 1]);
             }
-            S *const o = outt + (r * ldo + c);
+            S *const o = outt + (q * ldo + c);
             if (VEC > 1 && ok1) {   // VEC > 1: N, ldo and the view offset are even (checked on the host)
                 Vec<S, 2> w; w.v[0] = D::from_f(v0); w.v[1] = D::from_f(v1);
                 vstore<S, 2>(o, w);

@@ -38,49 +38,63 @@
 // per tap that is inside the image. A k-tile's source is then base + row offset + the k position's
 // offset, and its bounds test one bit test, where the general form costs a division, four
 // comparisons and 64-bit index arithmetic per row. That needs the tap grid to be linear in
-// (ky, kx): UP == 1 (3x3, 1x1, and the 2x2 stride-2 taps of pixel_unshuffle2); the up2 grid
-// (source pixel (oy + ky - 1) / 2) keeps the row's output pixel (oy << 16 | ox) and computes per tap.
+// (ky, kx): 3x3, 1x1, the 2x2 stride-2 taps of pixel_unshuffle2 and the 2x2 sub-pixel taps of up2
+// (below: their padding, pad_y / pad_x, depends on the tile's output parity).
 // Everything is pinned (common.cuh): left alone, the compiler recomputes the bits in the k loop.
 // Offsets within a sample are 32-bit: one sample's activation stays under 2^31 elements (4 GB).
-template <class S, int AP, int KH, int ST, int UP> struct ATaps {
+template <class S, int AP, int KH, int ST> struct ATaps {
     static_assert(KH * KH <= 32, "one bit per tap");
-    static constexpr int PAD = ST == 1 ? KH / 2 : 0;
     const S *xs;
     int off[AP];
     u32 ok[AP];
     template <class AR>
-    __device__ __forceinline__ ATaps(const AR &ar, const S *xs_, int Hin, int Win, int ldx) : xs(xs_) {
+    __device__ __forceinline__ ATaps(const AR &ar, const S *xs_, int Hin, int Win, int ldx, int pad_y, int pad_x)
+        : xs(xs_) {
         pin(xs);
 #pragma unroll
         for (int i = 0; i < AP; ++i) {
-            const int y0 = ar.oy[i] * ST - PAD, x0 = ar.ox[i] * ST - PAD;
+            const int y0 = ar.oy[i] * ST - pad_y, x0 = ar.ox[i] * ST - pad_x;
             // separable: the kx in the image as a mask, repeated for each ky in it (one unsigned
             // compare tests both bounds)
             u32 xm = 0, bits = 0;
 #pragma unroll
-            for (int kx = 0; kx < KH; ++kx) xm |= (u32)((unsigned)(x0 + kx) < (unsigned)(Win * UP)) << kx;
+            for (int kx = 0; kx < KH; ++kx) xm |= (u32)((unsigned)(x0 + kx) < (unsigned)Win) << kx;
 #pragma unroll
             for (int ky = 0; ky < KH; ++ky)
-                if ((unsigned)(y0 + ky) < (unsigned)(Hin * UP)) bits |= xm << (ky * KH);
+                if ((unsigned)(y0 + ky) < (unsigned)Hin) bits |= xm << (ky * KH);
             ok[i] = bits;   // 0 for a row past M (its oy is far out of range)
-            off[i] = !bits ? 0 : UP == 1 ? (y0 * Win + x0) * ldx : (ar.oy[i] << 16) | ar.ox[i];
+            off[i] = !bits ? 0 : (y0 * Win + x0) * ldx;
             pin(ok[i]);
             pin(off[i]);
         }
     }
-    // Source of row i at the thread's k position (tap, kx, c; k_off = (ky * Win + kx) * ldx + c), or a
-    // valid address from which nothing is read when the tap is in the padding: the sample's base
-    // (UP == 1: the 32-bit offset is selected, two moves fewer than a pointer) or `dummy`.
-    __device__ __forceinline__ const S *src(int i, int k_off, int tap, int kx, int c, u32 bit, int Win, int ldx,
-                                            const S *dummy, bool &in) const {
+    // Source of row i at the thread's k position (k_off = (ky * Win + kx) * ldx + c), or the sample's
+    // base, from which nothing is read, when the tap is in the padding (the 32-bit offset is
+    // selected: two moves fewer than a pointer).
+    __device__ __forceinline__ const S *src(int i, int k_off, u32 bit, bool &in) const {
         in = (ok[i] & bit) != 0;
-        if constexpr (UP == 1) {
-            return xs + (in ? off[i] + k_off : 0);
-        } else {
-            const int vy = (off[i] >> 16) * ST + tap / KH - PAD, vx = (off[i] & 0xffff) * ST + kx - PAD;
-            return in ? xs + ((vy >> 1) * Win + (vx >> 1)) * ldx + c : dummy;
-        }
+        return xs + (in ? off[i] + k_off : 0);
     }
+};
+
+// up2 + 3x3 as sub-pixel convs (UP == 2, KH == 2): output pixel (2 iy + py, 2 ix + px) of a 3x3 conv
+// on the nearest-upsampled input reads input rows iy - 1, iy, iy (py = 0) or iy, iy, iy + 1 (py = 1),
+// and columns alike: a 2x2 conv of the input itself whose weights sum the 3x3 taps that land on the
+// same input pixel (ops.conv.subpixel_weights: 4 of the 9 multiply-adds per output, and no
+// per-tap division), one weight matrix per parity class (py, px). The GEMM's M is the output
+// pixels ordered (parity, iy, ix): each class a contiguous range of Hin x Win rows that a whole
+// number of BM-row tiles covers (the host checks Hin * Win % BM == 0), so a CTA has one class, with
+// padding 1 - py above and 1 - px left, and its weights at rows parity x Npad of the B matrix.
+// conv_finish<..., 2> stores row m at its output pixel.
+struct SubPixel {
+    int parity, m_in;   // the tile's class; its first row within the class
+    __device__ __forceinline__ SubPixel(int m0, int Hin, int Win) {
+        const int mi = Hin * Win;
+        parity = div_small(m0, mi);
+        m_in = m0 - parity * mi;
+    }
+    __device__ __forceinline__ int pad_y() const { return 1 - (parity >> 1); }
+    __device__ __forceinline__ int pad_x() const { return 1 - (parity & 1); }
 };
 
 __device__ __forceinline__ void cp_async16(saddr smem, const void *gmem, bool full) {
@@ -214,13 +228,18 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
               ke = div_small((sk + 1) * nk, splits), ntiles = ke - kb;
 
     // ---- A copies: the thread -> (rows, k vector) map of conv_gemm's loader ----------------------
+    static_assert(UP == 1 || (UP == 2 && KH == 2 && ST == 1 && !FOLD && !GATE), "up2: the sub-pixel 2x2 convs");
     typedef ARows<BM, BK, VEC, NT> AR;
     constexpr int RPP = AR::RPP, AP = AR::AP;
-    typedef ATaps<S, AP, KH, ST, UP> AT;
-    const AR ar(tid, m0, M, Wout);   // kv, r0, ok: of tid only
+    typedef ATaps<S, AP, KH, ST> AT;
+    constexpr int PAD = ST == 1 ? KH / 2 : 0;
+    const SubPixel sp(UP == 2 ? m0 : 0, Hin, Win);
+    // kv, r0, ok: of tid only; rows in input pixels of the class (up2) or output pixels
+    const AR ar = UP == 2 ? AR(tid, sp.m_in, Hin * Win, Win) : AR(tid, m0, M, Wout);
     const int kv = ar.kv, r0 = ar.r0;
     const bool a_row_ok = ar.ok;
-    const AT at(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx);
+    const AT at(ar, x + (size_t)b * Hin * Win * ldx, Hin, Win, ldx, UP == 2 ? sp.pad_y() : PAD,
+                UP == 2 ? sp.pad_x() : PAD);
     // The thread's k position walks forward one k-tile per issue (tiles are issued in order kb,
     // kb+1, ...): channel c, tap (ky, kx), its bit and its element offset, updated by additions
     // (one division, here, per kernel instead of one per k-tile).
@@ -236,7 +255,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
         k_bit = k_tap < 32 ? 1u << k_tap : 0u;
     };
     k_start(kb);
-    const BCopies<S, BN, BK, VEC, NT> bc(wt, ldw, n0, tid);
+    const BCopies<S, BN, BK, VEC, NT> bc(UP == 2 ? wt + (size_t)sp.parity * gridDim.y * BN * ldw : wt, ldw, n0, tid);
     // smem destinations and fragment addresses, as .shared offsets (stage 0; stage st adds st * stride)
     constexpr u32 A_STAGE = BM * BK * sizeof(S), B_STAGE = BN * BK * sizeof(S);
     const saddr a_s0 = smem_u32(As[0]), b_s0 = smem_u32(Bs[0]);
@@ -259,7 +278,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 #pragma unroll
             for (int i = 0; i < AP; ++i) {
                 bool ok;
-                const S *src = at.src(i, k_off, k_tap, k_kx, k_c, k_bit, Win, ldx, wt, ok);
+                const S *src = at.src(i, k_off, k_bit, ok);
                 if (a_row_ok) cp_async16(A + i * ROWS_STEP, src, ok);
                 mask |= (u32)ok << i;
             }
@@ -272,7 +291,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
                 ++k_tap;
                 if (++k_kx == KH) { k_kx = 0; k_off += (Win - KH) * ldx; }
             }
-        } else {
+        } else if constexpr (UP == 1) {   // (up2 has no residual segment: the host checks)
             const int c = (kt - nk0) * BK + kv * VEC;
 #pragma unroll
             for (int i = 0; i < AP; ++i) {
@@ -392,26 +411,24 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
 
     if constexpr (KS == 1) {
-        conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
+        conv_finish<D, BM, BN, WM, WN, VEC, GATE, UP>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
     } else {
         static_assert(RING * sizeof(S) >= 4u * BM * BN * (KS - 1), "the slices' exchange fits in the ring");
         __syncthreads();   // every warp is done with the ring
         float mine[MF][NF / KS][4];
         slice_exchange<MF, NF, KS>(acc, mine, reinterpret_cast<float *>(ring), wm * WN + wn, slice, lane);
-        conv_finish<D, BM, BN, WM, WN * KS, VEC, GATE>(mine, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr,
-                                                       CONV_ARGS);
+        conv_finish<D, BM, BN, WM, WN * KS, VEC, GATE, UP>(mine, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr,
+                                                           CONV_ARGS);
     }
 }
 
 // One extern "C" kernel per instantiation, as CONV_INSTANCE; symbols end in _s<STAGES> (and _k<KS>).
 // Tiles with at most 32 accumulators per thread are held to 128 registers (16 warps per SM): left
 // alone, ptxas lands a few registers above, which costs a CTA per SM (measured: the 128x32 tile
-// at 134 registers ran 17% slower than at 128). The up2 kernels' per-tap source arithmetic spills
-// at that cap: 168 registers (12 warps per SM) for them.
-#define PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS) \
-    ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((UP) == 1 ? 16 : 12) / ((WM) * (WN) * (KS)) : 1)
+// at 134 registers ran 17% slower than at 128).
+#define PIPE_MIN_CTAS(BM, BN, WM, WN, KS) ((BM) * (BN) <= 1024 * (WM) * (WN) ? 16 / ((WM) * (WN) * (KS)) : 1)
 #define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD)           \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, UP, KS)) \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, KS))     \
         name(CONV_PARAMS) {                                                                                \
         conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_ARGS);         \
     }

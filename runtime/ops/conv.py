@@ -53,6 +53,9 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (dyn_ring and pipe_smem(key, dyn_smem) > PIPE_DEEP_LIMIT, f"{pipe_smem(key, dyn_smem)} B of dynamic shared memory"),
         (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
         (key.fold and not fold_fits(key), "a folded GroupNorm"),
+        # (the cp.async conv's up2 3x3 keys become sub-pixel ones in gemm_key: ops.conv.subpixel)
+        (key.up == 2 and key.kh == 2 and not (key.stages and not key.halo),
+         "up2 as sub-pixel 2x2 convs on the cp.async conv only"),
     ]
     bad = [msg for cond, msg in problems if cond]
     if bad:
@@ -77,6 +80,25 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
 
 
 # ---- weight packing -------------------------------------------------------------------------------
+
+def subpixel_weights(w: np.ndarray) -> List[np.ndarray]:
+    """An up2 conv's 3x3 weights (Cout, Cin, 3, 3) as the four sub-pixel 2x2 convs of
+    kernels/conv_pipe.cu (SubPixel), one (Cout, 4 Cin) matrix per output parity (py, px), K ordered
+    (a, b, c): along each axis parity 0 reads rows i - 1 (tap 0) and i (taps 1 + 2), parity 1 rows i
+    (taps 0 + 1) and i + 1 (tap 2). Summed in fp32 from the parameter's values, rounded once where
+    packed (pack_gemm)."""
+    w = np.asarray(w, dtype=np.float32)
+    if w.shape[2:] != (3, 3):
+        raise ConfigError(f"sub-pixel up2 needs 3x3 weights, got {w.shape}")
+    fold = ([[0], [1, 2]], [[0, 1], [2]])   # parity -> for tap a of the 2x2: the 3x3 taps it sums
+    mats = []
+    for py in (0, 1):
+        for px in (0, 1):
+            taps = [[w[:, :, fold[py][a], :][:, :, :, fold[px][b]].sum(axis=(2, 3)) for b in (0, 1)] for a in (0, 1)]
+            mats.append(np.ascontiguousarray(np.stack([np.stack(r, axis=1) for r in taps], axis=1)
+                                             .reshape(w.shape[0], -1)))   # (Cout, a, b, Cin)
+    return mats
+
 
 def conv_matrix(op: Op, params: Mapping[str, np.ndarray]) -> np.ndarray:
     """(Cout, K) with K ordered (ky, kx, c); unshuffle2's channel c*4+dy*2+dx becomes tap (dy, dx).
@@ -111,8 +133,9 @@ def pack_gemm(precision: str, bn: int, bk: int, segs: Sequence[np.ndarray]) -> T
 
 def fold_fits(key: ConvKey) -> bool:
     """The kernels that have a folded GroupNorm: the 16-bit cp.async and halo convs (key.stages;
-    conv_gemm keeps the table) with the epilogue's prefetch (BN <= 128)."""
-    return bool(key.stages) and key.dtype != "fp32" and not key.gate and key.bn <= 128
+    conv_gemm keeps the table) with the epilogue's prefetch (BN <= 128), not the sub-pixel up2 ones."""
+    return (bool(key.stages) and key.dtype != "fp32" and not key.gate and key.bn <= 128
+            and not (key.up == 2 and key.kh == 2))
 
 
 def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray) -> bool:
@@ -172,9 +195,39 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
     key = (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
            or builtin_halo(key, op, ctx, ot)
            or with_pipeline(key, ctx, dyn))
+    if op.in_map == "up2":
+        key = subpixel(key, op, ctx, dyn)
     if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"]):
         key = dataclasses.replace(key, fold=True)
     return key
+
+
+def subpixel_rows(key: ConvKey, rows: int) -> int:
+    """BM of an up2 conv's sub-pixel tile, whose tiles each lie in one parity class of `rows` input
+    pixels: key.bm, halved while it exceeds them (0 when no such BM divides them)."""
+    bm = key.bm
+    while bm > rows and bm > 32:
+        bm //= 2
+    return bm if rows % bm == 0 else 0
+
+
+def subpixel(key: ConvKey, op: Op, ctx: Ctx, dyn: int) -> ConvKey:
+    """An up2 conv's key: on the cp.async conv its four sub-pixel 2x2 convs (kh 2; kernels/conv_pipe.cu
+    SubPixel: 4 of the 3x3's 9 multiply-adds per output), BM within a parity class (subpixel_rows);
+    the halo conv and conv_gemm keep the 3x3 map of the upsampled input, and conv_gemm takes what
+    the sub-pixel kernel cannot (a residual, no BM that divides the input's pixels)."""
+    if not key.stages or key.halo:
+        return key
+    bm = subpixel_rows(key, ctx.plan.tensors[op.x].size ** 2)
+    sub = dataclasses.replace(key, kh=2, bm=bm, wm=min(key.wm, max(bm // 16, 1)))
+    try:
+        if not bm or op.residual or op.residual_conv:
+            raise ConfigError("no sub-pixel tile")
+        check_key(sub, ctx.plan.tensors[op.out].channels, dyn, op.out)
+        return sub
+    except ConfigError:
+        return dataclasses.replace(key, stages=0, ks=1, fold=False,
+                                   bk=choose_bk(key.dtype, key.bm, key.bn, key.vec, False))
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -199,7 +252,11 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     fold = key.fold   # gemm_key decided (fold_norm)
     if fold:
         segs[0], bias = fold_weights(segs[0], bias, gn_w, gn_b)
-    w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
+    if key.up == 2 and key.kh == 2:   # the four parity classes' B matrices, one after the other
+        packs = [pack_gemm(prec, tile[1], key.bk, [m]) for m in subpixel_weights(p[op.prefix + ".weight"])]
+        w, ldw, nks = np.concatenate([pk[0] for pk in packs]), packs[0][1], packs[0][2]
+    else:
+        w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
     blobs = {"w": w, "bias": padded(bias, round_up(n, tile[1]))}
     if fold:
         blobs["gn_fold"] = fold_table(w, prec, nks[0] * key.bk, gn_w, gn_b)

@@ -62,11 +62,12 @@ def conv_geom(op: Op, ctx: Ctx) -> ConvGeom:
 
 def builtin_halo(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey]:
     """The halo conv (kernels/conv_halo.cu) for `key`'s tile where the tuning files picked it: a 3x3
-    conv without a residual, normalized (a block's conv1) or upsampled (up2), of whole 64-channel
-    chunks (with BK 32 it ran up to 1.6x slower), whose grid fills every SM twice (it never won at
-    batch 1 on 132 SMs: latency chains). None elsewhere."""
+    conv without a residual, normalized (a block's conv1), of whole 64-channel chunks (with BK 32 it
+    ran up to 1.6x slower), whose grid fills every SM twice (it never won at batch 1 on 132 SMs:
+    latency chains). None elsewhere; an up2 conv takes the cp.async conv's sub-pixel form (on the
+    8-SM slice 2-2.5x faster than the halo conv's 3x3 map: docs/kernels.md)."""
     if not (pipelined(ctx, key.vec) and key.kh == 3 and key.stride == 1 and not (op.residual or op.residual_conv)
-            and (op.norm or key.up == 2)):
+            and op.norm and key.up == 1):
         return None
     geom = conv_geom(op, ctx)
     if (geom.cin % 64 or (ctx.tile_batch or ctx.batch) * cdiv(ot.size * ot.size, key.bm) * cdiv(ot.channels, key.bn)

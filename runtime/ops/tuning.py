@@ -28,7 +28,7 @@ from jetson_unet.model.plan import CONV, GATE, Op
 from jetson_unet.ops.conv_halo import HALO_STAGES, conv_geom, halo_problems
 from jetson_unet.ops.common import MAX_STAGES, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, k_residual
 from jetson_unet.ops.conv_pipe import PIPE_RING_LIMIT, PIPE_SCRATCH, pipe_ring_bytes
-from jetson_unet.ops.conv import check_key, conv_matrix, gate_key, gemm_key
+from jetson_unet.ops.conv import check_key, conv_matrix, gate_key, gemm_key, subpixel_rows
 from jetson_unet.ops.specs import kernel_kind, op_spec
 
 FORMAT = 1
@@ -59,8 +59,11 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     """Every tile of `op` worth timing that the kernels can instantiate (ops.check_key), splits left
     to the heuristic; the heuristic's own tile first."""
     heur = base_key(op, ctx)
-    key = dataclasses.replace(heur, halo=False, fold=False)   # what the im2col candidates derive from (the
-    # tile decides the fold again: ops.gemm_key)
+    # what the im2col candidates derive from (the tile decides the fold and, for up2, the sub-pixel
+    # form again: ops.gemm_key)
+    up2 = op.kind != GATE and op.in_map == "up2"
+    key = dataclasses.replace(heur, halo=False, fold=False, kh=3 if up2 else heur.kh)
+    rows = ctx.plan.tensors[op.x].size ** 2
     gate = op.kind == GATE
     n = ctx.plan.tensors[op.x if gate else op.out].channels
     dyn = 0 if gate or not op.norm else 8 * ctx.plan.tensors[op.x].channels
@@ -98,7 +101,10 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
             for ks in ((1, 2) if stages and wm * wn <= 4 and bm * bn <= 1024 * wm * wn else (1,)):
                 t = TileChoice(bm, bn, wm, wn, bk, stages, ks=ks)
                 try:
+                    if up2 and stages and subpixel_rows(t, rows) != bm:
+                        continue   # a sub-pixel tile lies in one parity class (ops.conv.subpixel)
                     check_key(dataclasses.replace(key, bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=stages, ks=ks,
+                                                  kh=2 if up2 and stages else key.kh,
                                                   nsplit=gate and bn < n), n, dyn, op.out)
                 except ConfigError:
                     continue

@@ -39,7 +39,7 @@ CASES = [
      dict(hin=8, cin=96, n=32, cr=40, batch=2, norm=True), False),
     ("chunks-split-across-chunks", key(32, 64, 32, stages=3), halo(key(32, 64, 32, stages=3)),
      dict(hin=8, cin=64, n=64, cr=0, batch=1, norm=True, act=1, splits=4), False),
-    ("up2-chunks", key(32, 64, 32, up=2, stages=3), halo(key(32, 64, 32, up=2, stages=2)),
+    ("up2-chunks", key(32, 64, 32, up=2), halo(key(32, 64, 32, up=2, stages=2)),
      dict(hin=8, cin=64, n=48, cr=0, batch=2), False),
     ("bf16-8-warps", key(128, 64, 32, stages=3, dtype="bf16", wm=4, wn=2),
      halo(key(128, 64, 32, stages=3, dtype="bf16", wm=4, wn=2)),
@@ -85,10 +85,10 @@ def test_halo_conv_matches_im2col_conv(emu_lib, case):
         np.testing.assert_allclose(got_st[..., :2], want_st[..., :2], rtol=1e-3, atol=1e-2 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("kind", ["halo", "k slices", "gate"])
+@pytest.mark.parametrize("kind", ["halo", "k slices", "gate", "sub-pixel"])
 def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tmp_path, kind):
-    """The halo tiles, the k-sliced cp.async tiles and the gate tiles (the whole N in one CTA or
-    split over 2-4) the tuner may pick (default config, batch 1 and 16) for Orin's sm_87: no
+    """The halo tiles, the k-sliced cp.async tiles, the gate tiles (the whole N in one CTA or
+    split over 2-4) and the sub-pixel up2 tiles (ops.conv.subpixel) the tuner may pick (default config, batch 1 and 16) for Orin's sm_87: no
     spills, and registers that leave two CTAs per SM (the halo conv's smem budget,
     HALO_SMEM_LIMIT, allows two). Those with a deep ring (deep_ring) have their own test, which
     allows a few bytes of spills (test_conv_pipelined_cpu.py)."""
@@ -106,7 +106,8 @@ def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tm
         pytest.skip("no nvcc")
     cfg = UNetConfig()
     plan, params = build_plan(cfg), random_params(cfg, 0)
-    picked = {"halo": lambda op, t: t.halo, "k slices": lambda op, t: t.ks > 1, "gate": lambda op, t: op.kind == GATE}[kind]
+    picked = {"halo": lambda op, t: t.halo, "k slices": lambda op, t: t.ks > 1, "gate": lambda op, t: op.kind == GATE,
+              "sub-pixel": lambda op, t: op.in_map == "up2" and t.stages and not t.halo}[kind]
     keys = set()
     for batch in (1, 16):
         ctx = Ctx(plan, params, "fp16", batch, 8, view_layout(plan))

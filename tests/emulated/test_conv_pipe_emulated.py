@@ -2,7 +2,7 @@
 the CPU by tests/emu/simt.h: the kernel files compiled by g++ with only their inline-PTX helpers
 (ldmatrix, mma.sync, cvt, cp.async) swapped for emulations. Same GEMM, same mma order over k: the
 outputs and GroupNorm partials must agree bit for bit, for every feature the kernels share
-(3x3/2x2/1x1, up2, unshuffle2, fused norm, residual K segment, time bias, GELU, identity residual,
+(3x3/2x2/1x1, unshuffle2, fused norm, residual K segment, time bias, GELU, identity residual,
 split-K, gate, ragged M and N, 2..4 stages, BK 32/64). One case also checks the stock kernel's
 emulation against NumPy, so the emulator itself is tested. No GPU needed; skipped without g++."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from jetson_unet.paths import kernels_dir
 from jetson_unet.ops.common import cdiv, from_device, padded, round_up, to_device
-from jetson_unet.ops.conv import fold_table, fold_weights, gemm_workspace, pack_gemm
+from jetson_unet.ops.conv import fold_table, fold_weights, gemm_workspace, pack_gemm, subpixel_weights
 from jetson_unet.ops.keys import ConvKey
 
 pytestmark = pytest.mark.slow
@@ -91,9 +91,6 @@ CASES = [
      dict(hin=12, cin=32, n=40, cr=0, batch=2, norm=True, tbias=True, act=1, res=True)),
     ("3x3-deep-ring-128x128", key(128, 128, 32, wm=4, wn=2), [key(128, 128, 32, stages=3, wm=4, wn=2)],
      dict(hin=12, cin=32, n=136, cr=0, batch=2, norm=True, tbias=True, act=1)),
-    ("up2-norm-residual-conv", key(32, 64, 64, up=2), [key(32, 64, 64, up=2, stages=3),
-                                                      key(32, 64, 64, up=2, stages=4)],
-     dict(hin=6, cin=16, n=32, cr=24, batch=2, norm=True)),
     ("unshuffle2", key(64, 32, 64, kh=2, st=2), [key(64, 32, 64, kh=2, st=2, stages=3)],
      dict(hin=16, cin=8, n=32, cr=0, batch=1)),
     ("1x1-bf16-128x64", key(128, 64, 32, kh=1, dtype="bf16"), [key(128, 64, 32, kh=1, dtype="bf16", stages=3)],
@@ -108,7 +105,7 @@ CASES = [
 # k slices (ConvKey.ks): the same GEMM summed in another order (each slice's k steps, then the
 # slices), so equal to the stock kernel within the output's rounding, not bit for bit. Cases: the
 # batch-1 tile (32x32x64, 2 slices), spare B-copy threads (32x32x32: 128 vectors, 256 threads), 4
-# slices, split-K on top, up2 with a residual segment, the gate (with its N split over 2-3 CTAs too), bf16.
+# slices, split-K on top, the gate (with its N split over 2-3 CTAs too), bf16.
 SLICE_CASES = [
     ("3x3-norm-tbias-gelu-res", key(64, 64, 32), [key(32, 32, 64, stages=3, ks=2), key(32, 32, 32, stages=3, ks=2),
                                                  key(32, 64, 64, stages=3, ks=4), key(64, 64, 32, stages=4, ks=2)],
@@ -116,8 +113,6 @@ SLICE_CASES = [
     ("split-k", key(64, 64, 32), [key(32, 32, 64, stages=3, ks=2), key(64, 64, 32, stages=3, ks=2),
                                   key(64, 64, 64, stages=3, ks=2)],
      dict(hin=8, cin=64, n=64, cr=16, batch=2, norm=True, splits=3)),
-    ("up2-norm-residual-conv", key(32, 64, 64, up=2), [key(32, 64, 64, up=2, stages=3, ks=2)],
-     dict(hin=6, cin=16, n=32, cr=24, batch=2, norm=True)),
     ("gate", key(32, 64, 32, kh=1, gate=True), [key(32, 64, 32, kh=1, gate=True, stages=3, ks=2)],
      dict(hin=10, cin=40, n=40, cr=24, batch=2, gate=True)),
     # N split over CTAs (psi partials summed by the last through a ticket: another order as well)
@@ -130,6 +125,25 @@ SLICE_CASES = [
     ("1x1-bf16", key(128, 64, 32, kh=1, dtype="bf16"), [key(32, 64, 64, kh=1, dtype="bf16", stages=3, ks=2)],
      dict(hin=16, cin=48, n=64, cr=0, batch=1, norm=True, act=1)),
 ]
+# up2 as the cp.async conv's sub-pixel 2x2 convs (kh 2; ops.conv.subpixel_weights) against the stock
+# kernel's 3x3 map of the upsampled input: the same conv with the taps that meet one input pixel
+# summed into one weight before rounding, so equal within the 16-bit rounding of weights and output.
+# Cases: tiles of one and of several per parity class (BM 64 = all 64 pixels of an 8x8 input, BM 32),
+# ragged N, GroupNorm, time bias and GELU, split-K, k slices, bf16.
+SUB_CASES = [
+    ("up2-norm-tbias-gelu", key(32, 64, 64, up=2),
+     [key(64, 64, 64, kh=2, up=2, stages=3), key(32, 64, 32, kh=2, up=2, stages=4),
+      key(32, 32, 64, kh=2, up=2, stages=3, ks=2)],
+     dict(hin=8, cin=16, n=40, cr=0, batch=2, norm=True, tbias=True, act=1)),
+    ("up2-split-k", key(32, 64, 64, up=2), [key(32, 64, 64, kh=2, up=2, stages=3)],
+     dict(hin=8, cin=64, n=64, cr=0, batch=1, splits=3)),
+    ("up2-bf16", key(64, 32, 32, up=2, dtype="bf16"), [key(32, 32, 64, kh=2, up=2, stages=3, dtype="bf16")],
+     dict(hin=8, cin=24, n=32, cr=0, batch=2, act=1)),
+]
+# Relative to the output's largest magnitude: the weights' and the output's rounding (fp16 2^-11, bf16
+# 2^-8 each), over sums of ~100-600 products of unit-variance terms.
+SUB_TOL = {"fp16": 4e-3, "bf16": 3e-2}
+
 # Output tolerance of a k-sliced kernel against the stock one: the fp32 sums differ by a few fp32
 # roundings, which can move a 16-bit output by one unit in the last place (fp16 2^-10, bf16 2^-7,
 # relative) where the value sits near a rounding boundary; nothing else may move.
@@ -170,7 +184,8 @@ def build_lib(keys, d: Path) -> ctypes.CDLL:
 
 @pytest.fixture(scope="module")
 def emu_lib(tmp_path_factory):
-    return build_lib([k for _, s, p, _ in CASES + SLICE_CASES for k in [s] + p], tmp_path_factory.mktemp("emu"))
+    return build_lib([k for _, s, p, _ in CASES + SLICE_CASES + SUB_CASES for k in [s] + p],
+                     tmp_path_factory.mktemp("emu"))
 
 
 def macro_params(file: str = "conv.cu", macro: str = "CONV_PARAMS") -> list:
@@ -218,7 +233,12 @@ class Problem:
         if fold:
             seg0, bias = fold_weights(segs[0], bias, self.gn_w, self.gn_b)
             segs = [seg0] + segs[1:]
-        w, ldw, nks = pack_gemm(k.dtype, k.bn, k.bk, segs)
+        if k.up == 2 and k.kh == 2:   # sub-pixel: the problem's 3x3 weights (K ordered ky, kx, c) per parity
+            w3 = self.wmat.reshape(self.n, 3, 3, self.cin).transpose(0, 3, 1, 2)
+            packs = [pack_gemm(k.dtype, k.bn, k.bk, [m]) for m in subpixel_weights(w3)]
+            w, ldw, nks = np.concatenate([pk[0] for pk in packs]), packs[0][1], packs[0][2]
+        else:
+            w, ldw, nks = pack_gemm(k.dtype, k.bn, k.bk, segs)
         fold_blob = fold_table(w, k.dtype, nks[0] * k.bk, self.gn_w, self.gn_b) if fold else None
         npad = round_up(self.n, k.bn)
         mtiles, ntiles = cdiv(self.m, k.bm), cdiv(self.n, k.bn)
@@ -303,6 +323,22 @@ def test_k_slices_equal_stock_within_output_rounding(emu_lib, case):
         assert (got_out != want_out).mean() < 0.05, f"{k.symbol}: {(got_out != want_out).mean():.1%} of outputs moved"
         if not shape.get("gate"):   # GroupNorm statistics: per tile they depend on the tiling; per sample not
             assert np.allclose(merged(got_st), merged(want_st), rtol=1e-4), k.symbol
+
+
+@pytest.mark.parametrize("case", SUB_CASES, ids=[c[0] for c in SUB_CASES])
+def test_subpixel_up2_equals_stock_within_rounding(emu_lib, case):
+    """Every output pixel written (the outputs start as NaN: the row map covers each parity class
+    once) and equal to the 3x3 map's within the rounding; the GroupNorm statistics per sample too."""
+    _, stock, subs, shape = case
+    prob, (want_out, want_st) = reference_run(emu_lib, stock, shape, "stock")
+    want = values(want_out, stock.dtype).astype(np.float64)
+    for k in subs:
+        got_out, got_st = prob.run(emu_lib, k)
+        got = values(got_out, k.dtype).astype(np.float64)
+        assert not np.isnan(got).any(), f"{k.symbol}: {np.isnan(got).sum()} outputs left unwritten"
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= SUB_TOL[k.dtype], (k.symbol, err)
+        assert np.allclose(merged(got_st), merged(want_st), rtol=SUB_TOL[k.dtype]), k.symbol
 
 
 def merged(st: np.ndarray) -> np.ndarray:

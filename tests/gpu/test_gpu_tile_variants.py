@@ -1,6 +1,7 @@
 """The tile variants the tuner may pick beyond the built-in kernels, on the GPU: the halo conv
-(kernels/conv_halo.cu), the k-sliced cp.async conv (kernels/conv_pipe.cu, ConvKey.ks) and the
-cp.async conv whose ring lives in dynamic smem (jetson_unet.ops.conv_pipe.deep_ring). Every op each
+(kernels/conv_halo.cu), the k-sliced cp.async conv (kernels/conv_pipe.cu, ConvKey.ks), the
+cp.async conv whose ring lives in dynamic smem (jetson_unet.ops.conv_pipe.deep_ring) and its sub-pixel
+up2 convs (jetson_unet.ops.conv.subpixel). Every op each
 can run, with every such tile the tuner (`jetson-tune`) would time (jetson_unet.ops.tuning.candidates)
 and with split-K, against the float64 reference op by op (test_gpu_ops.check_all_ops: teacher
 forcing, NaN-poisoned outputs); then a whole batch-16 call with those tiles wherever they apply
@@ -31,7 +32,7 @@ def test_every_halo_or_sliced_tile_matches_reference(backend, precision, kind):
     for tiles in rounds:
         with GpuExecutor(weights, precision, batch=2, backend=backend, policy=KernelPolicy(tiles=tiles),
                          extra_keys=keys) as ex:
-            syms = halo_symbols(ex, kind)
+            syms = halo_symbols(ex, kind, tiles)
             assert len(syms) == len(tiles), (len(syms), len(tiles))
             for name, sym, l2, mx in check_all_ops(ex, weights, seed=21):
                 if name not in tiles:

@@ -22,7 +22,10 @@ def deep_symbol(symbol: str) -> bool:
 # kind -> (its variants of an op's candidates, whether a kernel symbol is of the kind, also with split-K)
 KINDS = {"halo": (lambda c, op: [t for t in c if t.halo], re.compile(r"_h\d+(_f)?$").search, True),
          "k slices": (lambda c, op: [t for t in c if t.ks > 1], re.compile(r"_k\d+(_f)?$").search, True),
-         "deep ring": (lambda c, op: [t for t in c if deep_ring(t)], deep_symbol, True)}
+         "deep ring": (lambda c, op: [t for t in c if deep_ring(t)], deep_symbol, True),
+         # up2 convs on the cp.async conv: its sub-pixel 2x2 form (ops.conv.subpixel)
+         "sub-pixel": (lambda c, op: [t for t in c if op.in_map == "up2" and t.stages and not t.halo],
+                       re.compile(r"^conv2x2s1u2_").search, True)}
 
 
 def halo_rounds(weights, precision: str, batch: int, sms: int, kind: str = "halo"):
@@ -42,5 +45,7 @@ def halo_rounds(weights, precision: str, batch: int, sms: int, kind: str = "halo
     return rounds, sorted(keys, key=lambda k: k.symbol)
 
 
-def halo_symbols(ex, kind: str = "halo") -> list:
-    return [L.fn.symbol for L in ex.launches if KINDS[kind][1](L.fn.symbol)]
+def halo_symbols(ex, kind: str = "halo", names=None) -> list:
+    """The symbols of ex's launches of the kind (of the ops in `names` only, where given: the
+    built-in tiles of the others may be of the kind too, as the sub-pixel up2 convs are)."""
+    return [L.fn.symbol for L in ex.launches if KINDS[kind][1](L.fn.symbol) and (names is None or L.name in names)]

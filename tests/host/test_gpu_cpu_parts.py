@@ -178,6 +178,8 @@ def emulate(spec, key, env, plan, params, precision):
         x = gn1(env[op.x], params[op.norm + ".weight"], params[op.norm + ".bias"], plan.config.norm_eps)
         x = x.transpose(0, 2, 3, 1)
     cin, hin, hout = xt.channels, xt.size, ot.size
+    if key.up == 2 and key.kh == 2:
+        return emulate_subpixel(spec, x, ot.channels, precision)
     kh, st, up = key.kh, key.stride, key.up
     pad = kh // 2 if st == 1 else 0
     bk = key.bk
@@ -206,6 +208,22 @@ def emulate(spec, key, env, plan, params, precision):
         out = out + r @ w[:, k0p:k0p + r.shape[-1]].T
     out = out[..., :ot.channels] + spec.blobs["bias"][:ot.channels]
     return out.transpose(0, 3, 1, 2)
+
+
+def emulate_subpixel(spec, x, n, precision):
+    """conv_pipe.cu's sub-pixel up2 conv on the host (no GroupNorm, no residual: ops.conv.subpixel):
+    output parity (py, px) is a 2x2 conv of the input x (NHWC) with padding 1 - py above and 1 - px
+    left, by its own block of the packed weights (4 blocks of Npad rows, K ordered (a, b, c))."""
+    assert "gn_fold" not in spec.blobs and "gn_w" not in spec.blobs
+    w = spec.blobs["w"].astype(np.float64) if precision == "fp16" else from_device(spec.blobs["w"], precision)
+    npad, (b, hin, _, cin) = w.shape[0] // 4, x.shape
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    out = np.zeros((b, 2 * hin, 2 * hin, npad))
+    for p in range(4):
+        py, px = p >> 1, p & 1
+        cols = np.concatenate([xp[:, a + py:a + py + hin, c + px:c + px + hin] for a in (0, 1) for c in (0, 1)], axis=-1)
+        out[:, py::2, px::2] = cols @ w[p * npad:(p + 1) * npad, :4 * cin].T
+    return (out[..., :n] + spec.blobs["bias"][:n]).transpose(0, 3, 1, 2)
 
 
 @pytest.mark.parametrize("cfg", [UNetConfig(dim=8, image_size=16, dim_mults=(1, 2, 3), time_dim=32), ODD])
