@@ -100,6 +100,13 @@ def subpixel_weights(w: np.ndarray) -> List[np.ndarray]:
     return mats
 
 
+def pack_subpixel(precision: str, bn: int, bk: int, w: np.ndarray) -> Tuple[np.ndarray, int, List[int]]:
+    """pack_gemm of the four parity classes' matrices (subpixel_weights), one after the other: class p
+    at rows p x Npad (kernels/conv_pipe.cu SubPixel)."""
+    packs = [pack_gemm(precision, bn, bk, [m]) for m in subpixel_weights(w)]
+    return np.concatenate([pk[0] for pk in packs]), packs[0][1], packs[0][2]
+
+
 def conv_matrix(op: Op, params: Mapping[str, np.ndarray]) -> np.ndarray:
     """(Cout, K) with K ordered (ky, kx, c); unshuffle2's channel c*4+dy*2+dx becomes tap (dy, dx).
     In the parameter's own dtype (fp16 for the shipped weights): pack_gemm converts once, where
@@ -252,9 +259,8 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     fold = key.fold   # gemm_key decided (fold_norm)
     if fold:
         segs[0], bias = fold_weights(segs[0], bias, gn_w, gn_b)
-    if key.up == 2 and key.kh == 2:   # the four parity classes' B matrices, one after the other
-        packs = [pack_gemm(prec, tile[1], key.bk, [m]) for m in subpixel_weights(p[op.prefix + ".weight"])]
-        w, ldw, nks = np.concatenate([pk[0] for pk in packs]), packs[0][1], packs[0][2]
+    if key.up == 2 and key.kh == 2:
+        w, ldw, nks = pack_subpixel(prec, tile[1], key.bk, p[op.prefix + ".weight"])
     else:
         w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
     blobs = {"w": w, "bias": padded(bias, round_up(n, tile[1]))}

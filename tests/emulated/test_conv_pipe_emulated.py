@@ -18,7 +18,7 @@ import pytest
 
 from jetson_unet.paths import kernels_dir
 from jetson_unet.ops.common import cdiv, from_device, padded, round_up, to_device
-from jetson_unet.ops.conv import fold_table, fold_weights, gemm_workspace, pack_gemm, subpixel_weights
+from jetson_unet.ops.conv import fold_table, fold_weights, gemm_workspace, pack_gemm, pack_subpixel
 from jetson_unet.ops.keys import ConvKey
 
 pytestmark = pytest.mark.slow
@@ -235,8 +235,7 @@ class Problem:
             segs = [seg0] + segs[1:]
         if k.up == 2 and k.kh == 2:   # sub-pixel: the problem's 3x3 weights (K ordered ky, kx, c) per parity
             w3 = self.wmat.reshape(self.n, 3, 3, self.cin).transpose(0, 3, 1, 2)
-            packs = [pack_gemm(k.dtype, k.bn, k.bk, [m]) for m in subpixel_weights(w3)]
-            w, ldw, nks = np.concatenate([pk[0] for pk in packs]), packs[0][1], packs[0][2]
+            w, ldw, nks = pack_subpixel(k.dtype, k.bn, k.bk, w3)
         else:
             w, ldw, nks = pack_gemm(k.dtype, k.bn, k.bk, segs)
         fold_blob = fold_table(w, k.dtype, nks[0] * k.bk, self.gn_w, self.gn_b) if fold else None
