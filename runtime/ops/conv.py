@@ -226,15 +226,14 @@ def subpixel(key: ConvKey, op: Op, ctx: Ctx, dyn: int) -> ConvKey:
     if not key.stages or key.halo:
         return key
     bm = subpixel_rows(key, ctx.plan.tensors[op.x].size ** 2)
-    sub = dataclasses.replace(key, kh=2, bm=bm, wm=min(key.wm, max(bm // 16, 1)))
-    try:
-        if not bm or op.residual or op.residual_conv:
-            raise ConfigError("no sub-pixel tile")
-        check_key(sub, ctx.plan.tensors[op.out].channels, dyn, op.out)
-        return sub
-    except ConfigError:
-        return dataclasses.replace(key, stages=0, ks=1, fold=False,
-                                   bk=choose_bk(key.dtype, key.bm, key.bn, key.vec, False))
+    if bm and not (op.residual or op.residual_conv):
+        sub = dataclasses.replace(key, kh=2, bm=bm, wm=min(key.wm, max(bm // 16, 1)))
+        try:
+            check_key(sub, ctx.plan.tensors[op.out].channels, dyn, op.out)
+            return sub
+        except ConfigError:
+            pass
+    return dataclasses.replace(key, stages=0, ks=1, fold=False, bk=choose_bk(key.dtype, key.bm, key.bn, key.vec, False))
 
 
 def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:

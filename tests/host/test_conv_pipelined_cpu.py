@@ -133,6 +133,26 @@ def test_pipelined_weights_reproduce_every_gemm_conv():
     assert any(s.key.up == 2 and s.key.kh == 2 for s in ex.specs if isinstance(s.key, ConvKey)), "sub-pixel up2"
 
 
+@pytest.mark.parametrize("sms,batch", [(8, 1), (8, 4), (132, 1), (132, 64)])
+def test_up2_convs_are_sub_pixel_where_a_tile_fits_a_parity_class(sms, batch):
+    """ops.conv.subpixel: every up2 conv of the default config runs the sub-pixel 2x2 form (BM
+    dividing its input's pixels); where no BM of 32 or more divides them (a 24x24 image: 6x6 and
+    12x12 inputs, 36 and 144 pixels) conv_gemm keeps the 3x3 map, and its packed weights still
+    reproduce the op (test_packed_weights_reproduce_every_gemm_conv)."""
+    from tests.host.test_gpu_cpu_parts import test_packed_weights_reproduce_every_gemm_conv as check
+
+    def up2_keys(cfg):
+        ex = GpuExecutor(W(cfg), "fp16", batch=batch, backend=FakeBackend(sms=sms))
+        return [(ex.plan.tensors[s.op.x].size ** 2, s.key) for s in ex.specs if s.op.in_map == "up2"]
+
+    for rows, k in up2_keys(UNetConfig()):
+        assert k.kh == 2 and k.stages and not k.halo and rows % k.bm == 0, k.symbol
+    odd = UNetConfig(dim=16, image_size=24, dim_mults=(1, 2, 4), time_dim=64)
+    keys = up2_keys(odd)
+    assert keys and all(k.kh == 3 and k.stages == 0 for _, k in keys), [k.symbol for _, k in keys]
+    check(odd, "bf16")
+
+
 # ---- slow: the real compiler ---------------------------------------------------------------------
 
 def ptxas_report(text: str) -> dict:
