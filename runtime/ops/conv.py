@@ -54,7 +54,7 @@ def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
         (key.gate and key.nsplit != (key.bn < n), f"gate BN {key.bn} for {n} channels with nsplit {key.nsplit}"),
         (key.fold and not fold_fits(key), "a folded GroupNorm"),
         # (the cp.async conv's up2 3x3 keys become sub-pixel ones in gemm_key: ops.conv.subpixel)
-        (key.up == 2 and key.kh == 2 and not (key.stages and not key.halo),
+        (key.subpixel and not (key.stages and not key.halo),
          "up2 as sub-pixel 2x2 convs on the cp.async conv only"),
     ]
     bad = [msg for cond, msg in problems if cond]
@@ -142,7 +142,7 @@ def fold_fits(key: ConvKey) -> bool:
     """The kernels that have a folded GroupNorm: the 16-bit cp.async and halo convs (key.stages;
     conv_gemm keeps the table) with the epilogue's prefetch (BN <= 128), not the sub-pixel up2 ones."""
     return (bool(key.stages) and key.dtype != "fp32" and not key.gate and key.bn <= 128
-            and not (key.up == 2 and key.kh == 2))
+            and not key.subpixel)
 
 
 def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray) -> bool:
@@ -258,7 +258,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     fold = key.fold   # gemm_key decided (fold_norm)
     if fold:
         segs[0], bias = fold_weights(segs[0], bias, gn_w, gn_b)
-    if key.up == 2 and key.kh == 2:
+    if key.subpixel:
         w, ldw, nks = pack_subpixel(prec, tile[1], key.bk, p[op.prefix + ".weight"])
     else:
         w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)

@@ -41,6 +41,12 @@ class ConvKey:
                 + (f"_k{self.ks}" if self.ks != 1 else "") + ("_f" if self.fold else ""))
 
     @property
+    def subpixel(self) -> bool:
+        """An up2 3x3 conv as the cp.async conv's four sub-pixel 2x2 convs (kernels/conv_pipe.cu
+        SubPixel; ops.conv.subpixel)."""
+        return self.up == 2 and self.kh == 2
+
+    @property
     def threads(self) -> int:
         return 32 * self.wm * self.wn * self.ks
 

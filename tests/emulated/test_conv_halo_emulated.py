@@ -88,9 +88,9 @@ def test_halo_conv_matches_im2col_conv(emu_lib, case):
 @pytest.mark.parametrize("kind", ["halo", "k slices", "gate", "sub-pixel"])
 def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tmp_path, kind):
     """The halo tiles, the k-sliced cp.async tiles, the gate tiles (the whole N in one CTA or
-    split over 2-4) and the sub-pixel up2 tiles (ops.conv.subpixel) the tuner may pick (default config, batch 1 and 16) for Orin's sm_87: no
-    spills, and registers that leave two CTAs per SM (the halo conv's smem budget,
-    HALO_SMEM_LIMIT, allows two). Those with a deep ring (deep_ring) have their own test, which
+    split over 2-4) and the sub-pixel up2 tiles (ops.conv.subpixel) the tuner may pick (default
+    config, batch 1 and 16) for Orin's sm_87: no spills, and registers that leave two CTAs per SM
+    (the halo conv's smem budget, HALO_SMEM_LIMIT, allows two). Those with a deep ring (deep_ring) have their own test, which
     allows a few bytes of spills (test_conv_pipelined_cpu.py)."""
     import shutil
 

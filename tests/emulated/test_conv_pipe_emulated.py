@@ -233,7 +233,7 @@ class Problem:
         if fold:
             seg0, bias = fold_weights(segs[0], bias, self.gn_w, self.gn_b)
             segs = [seg0] + segs[1:]
-        if k.up == 2 and k.kh == 2:   # sub-pixel: the problem's 3x3 weights (K ordered ky, kx, c) per parity
+        if k.subpixel:   # sub-pixel: the problem's 3x3 weights (K ordered ky, kx, c) per parity
             w3 = self.wmat.reshape(self.n, 3, 3, self.cin).transpose(0, 3, 1, 2)
             w, ldw, nks = pack_subpixel(k.dtype, k.bn, k.bk, w3)
         else:

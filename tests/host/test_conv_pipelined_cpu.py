@@ -130,7 +130,7 @@ def test_pipelined_weights_reproduce_every_gemm_conv():
     ex = GpuExecutor(W(UNetConfig()), "fp16", batch=1, backend=FakeBackend())
     assert any(s.key.stages and s.key.bk == 32 for s in ex.specs if isinstance(s.key, ConvKey))
     assert any("gn_fold" in s.blobs for s in ex.specs), "the 16-bit cp.async convs fold their GroupNorm"
-    assert any(s.key.up == 2 and s.key.kh == 2 for s in ex.specs if isinstance(s.key, ConvKey)), "sub-pixel up2"
+    assert any(s.key.subpixel for s in ex.specs if isinstance(s.key, ConvKey)), "sub-pixel up2"
 
 
 @pytest.mark.parametrize("sms,batch", [(8, 1), (8, 4), (132, 1), (132, 64)])
@@ -212,7 +212,7 @@ def test_pipelined_module_compiles_for_sm87(tmp_path):
     rep = sm87_ptxas(nvcc, keys, tmp_path)
     assert any(k.fold for k in keys)
     assert any(k.halo for k in keys)   # an 8-SM GPU's built-in tiles take the halo conv where it is deep
-    assert any(k.up == 2 and k.kh == 2 for k in keys)   # the up2 convs as sub-pixel 2x2 convs
+    assert any(k.subpixel for k in keys)   # the up2 convs as sub-pixel 2x2 convs
     assert any(k.bm * k.bn >= 64 * 64 and k.wm * k.wn >= 4 and not k.halo and not k.gate for k in keys)   # unrolled
     for k in keys:
         f = rep[k.symbol]

@@ -178,7 +178,7 @@ def emulate(spec, key, env, plan, params, precision):
         x = gn1(env[op.x], params[op.norm + ".weight"], params[op.norm + ".bias"], plan.config.norm_eps)
         x = x.transpose(0, 2, 3, 1)
     cin, hin, hout = xt.channels, xt.size, ot.size
-    if key.up == 2 and key.kh == 2:
+    if key.subpixel:
         return emulate_subpixel(spec, x, ot.channels, precision)
     kh, st, up = key.kh, key.stride, key.up
     pad = kh // 2 if st == 1 else 0
