@@ -270,7 +270,6 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         blobs["gn_b"] = padded(gn_b, xt.channels)
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
-    # several M tiles per CTA (kernels/conv_pipe.cu PERSIST): CTA g runs tiles g, g + grid.x, ...
     grid = (mtiles * splits, ntiles, ctx.batch)
     # (normalized: 8 * Cin bytes for the table; a folded norm uses 2 * Cin of them)
     smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else pipe_smem(key, 8 * xt.channels if op.norm else 0)
