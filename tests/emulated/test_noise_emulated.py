@@ -152,7 +152,7 @@ def test_a_draw_of_several_rows_is_the_stream_of_single_rows(noise, n):
     """The sampler draws its rows in chunks: k rows at once must be NumPy's stream, as k draws of one
     row are, with the buffered half-word carried into and out of the chunk."""
     dn, s = noise(n, rows=5), Stream()
-    for seed in ((0, 5) if n < 1000 else (5,)):   # the image-sized rows: one seed (each is ~15 s emulated)
+    for seed in ((0, 5) if n < 1000 else (5,)):   # the image-sized rows: one seed (each ~8 s emulated)
         dn.seed([seed], s)
         rng = np.random.Generator(np.random.PCG64(seed))
         for k in (1, 5, 2, 3):
