@@ -333,6 +333,7 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, sadd
 // and time bias; `fcol` the folded GroupNorm's column term (conv_gn_prologue), nullptr without one
 // (it needs the prefetch: EP and BN <= 128, which the host checks). UPS 2: conv_pipe.cu's sub-pixel
 // up2 convs, whose row m is output pixel (2 iy + py, 2 ix + px) of its parity class (SubPixel there).
+// UPS 3: conv_halo.cu's row tiles, whose warp wm holds pixels wm * 16 .. of each of the tile's rows.
 template <class D, int BM, int BN, int WM, int WN, int VEC, int GATE, int UPS = 1, int A0, int A1, int A2, bool EP>
 __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles, int mt, int sk, float *red,
                                             const EpiloguePrefetch<BN, 32 * WM * WN, (GATE != 0), EP> &pre,
@@ -523,14 +524,16 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         // 2^31 elements, as the loaders assume): per pair a constant past its row's offset. The
         // 64-bit (b * M + m) * ld + n of each pair was ~12 instructions per stored pair (Nsight
         // Compute).
-        const size_t tile0 = (size_t)b * M + (UPS == 1 ? m0 : 0);
+        const size_t tile0 = (size_t)b * M + (UPS != 2 ? m0 : 0);
         S *const outt = out + tile0 * ldo + n0;
         const S *const rest = res ? res + tile0 * ldres + n0 : nullptr;
-        // the output pixel of tile row r, from the tile's (UPS 1) or the sample's (UPS 2) first pixel
+        // the output pixel of tile row r, from the tile's (UPS 1, 3) or the sample's (UPS 2) first pixel
         const int sub_cls = UPS == 2 ? div_small(m0, Hin * Win) : 0, sub_m = m0 - sub_cls * Hin * Win;
         auto pix = [&](int r) -> int {
             if constexpr (UPS == 1) {
                 return r;
+            } else if constexpr (UPS == 3) {   // r = wm * WTM + row * 16 + i: pixel wm * 16 + i of the tile's row
+                return ((r % WTM) >> 4) * Wout + (r / WTM) * 16 + (r & 15);
             } else {
                 const int mi = sub_m + r, iy = div_small(mi, Win);
                 return (2 * iy + (sub_cls >> 1)) * Wout + 2 * (mi - iy * Win) + (sub_cls & 1);

@@ -244,3 +244,182 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
         name(CONV_PARAMS) {                                                                      \
         conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES, FOLD>(CONV_ARGS);                      \
     }
+
+// ---- the row-tile halo conv (conv_gemm_halo_rows, ConvKey.rows) ---------------------------------
+// The same conv (3x3, stride 1, no up2) with another warp layout. The CTA's tile is TH whole image
+// rows (BM = TH x Wout, Wout = TW = 16 x WM) by BN channels; warp (wm, wn) owns all TH rows of the
+// 16 pixels wm * 16 .. and WTN = BN / WN channels. A stage holds one 16-channel chunk: the
+// (TH + 2) x (TW + 2) halo and the weights of all 9 taps. For each kx the warp loads the A fragments
+// of the TH + 2 halo rows once and uses each for the three ky taps (row r + ky of output row r),
+// so a 16-channel chunk costs (TH + 2) x 3 A and 9 x NF / 2 B ldmatrix for 9 x TH x NF mma, where
+// the GEMM tiles load one A and NF / 2 B per MF x NF mma with nothing reused across taps.
+// Why: on the H100's 8-SM slice the GEMM convs' k loops run the mma at 36-43% of the mma.sync
+// rate, and they move ~290 bytes of shared memory per mma (ldmatrix 192, cp.async writes 96) where
+// an SM moves 128 per clock and issues an mma every ~1.6 clocks: shared memory bandwidth, not the
+// tensor pipe, bounds them. Here it is ~155 bytes (docs/kernels.md has the figures).
+// K order: chunk j (channels 16 j ..), taps in the order (kx, ky), then the residual segment's
+// 16-column units (its A the tile's own pixels, read through the halo's interior and the centre
+// tap's weight slot). No split-K (the host keeps splits 1). Dynamic shared memory (runtime/ops/
+// conv_halo.py rows_smem): [GroupNorm table, when normalized][to 128 bytes][STAGES x (halo of
+// (TH + 2) x (TW + 8) pixels of 32 bytes | weights 9 x BN x 32 bytes)]; a pixel's (and a weight
+// row's) two 16-byte halves swap with bit 2 of its index, so the 8 rows of an ldmatrix phase hit
+// distinct banks at any pixel shift (the row pitch TW + 8 keeps that bit across rows).
+__device__ __forceinline__ u32 rows_swz(int row, int h) { return (u32)(row * 32 + ((h ^ ((row >> 2) & 1)) << 4)); }
+
+template <class D, int BM, int BN, int WM, int WN, int STAGES, bool FOLD>
+__device__ __forceinline__ void conv_gemm_halo_rows(CONV_PARAMS) {
+    typedef typename D::S S;
+    constexpr int BK = 16, VEC = 8, NT = 32 * WM * WN;
+    constexpr int TW = 16 * WM, TH = BM / TW, WP = TW + 8, WTN = BN / WN, MF = TH, NF = WTN / 8;
+    static_assert(D::TC && sizeof(S) == 2, "16-bit types only");
+    static_assert(BM % TW == 0 && WTN % 16 == 0 && STAGES >= 2, "row tile");
+    constexpr u32 HALO = (TH + 2) * WP * 32, STAGE = HALO + 9 * BN * 32;
+    constexpr int HV = (TH + 2) * (TW + 2) * 2, HPT = (HV + NT - 1) / NT;   // halo vectors per chunk
+    constexpr int WV = 9 * BN * 2, WPT = (WV + NT - 1) / NT, RV = BM * 2, RPT = (RV + NT - 1) / NT;
+    static_assert(HPT <= 32, "one mask bit per halo vector");
+    __shared__ float red[33];
+    __shared__ float fcol[FOLD ? BN + 1 : 1];
+
+    const S *x = (const S *)x_, *xr = (const S *)xr_, *wt = (const S *)w_;
+    const int tid = threadIdx.x, b = blockIdx.z, lane = tid & 31, warp = tid >> 5, kv = tid & 1;
+    const GnPrefetch gp(gn_part ? gn_part + (size_t)b * gn_P : nullptr, gn_P);
+    const int M = Hout * Wout, mtiles = M / BM, mt = blockIdx.x, m0 = mt * BM, n0 = blockIdx.y * BN;
+    const int y0 = mt * TH;
+    const bool norm = gn_part != nullptr;
+    const int nc0 = Cin / BK, nu = nc0 + nk1;   // units: the 16-channel chunks, then the residual's
+    const saddr dyn0 = smem_u32(dyn_smem);
+    const u32 toff = (u32)(((dyn0 + (norm ? (FOLD ? 2u : 8u) * Cin : 0u) + 127u) & ~(saddr)127) - dyn0);
+    const saddr ring0 = dyn0 + toff;
+    char *const ring_p = reinterpret_cast<char *>(dyn_smem) + toff;
+    const S *xs = x + (size_t)b * Hin * Win * ldx;
+
+    // the thread's halo vectors (the same pixels in every chunk): which lie in the image, their offsets
+    u32 hin = 0;
+    int hsrc[HPT];
+    u32 hdst[HPT];
+#pragma unroll
+    for (int i = 0; i < HPT; ++i) {
+        const int v = tid + i * NT, p = v >> 1, hy = p / (TW + 2), hx = p - hy * (TW + 2);
+        const int Y = y0 - 1 + hy, X = hx - 1;
+        const bool in = v < HV && Y >= 0 && Y < Hin && X >= 0 && X < Win;
+        hin |= (u32)in << i;
+        hsrc[i] = in ? (Y * Win + X) * ldx + kv * VEC : 0;
+        hdst[i] = v < HV ? rows_swz(hy * WP + hx, kv) : ~0u;
+    }
+    auto issue = [&](int u, int st) {
+        const saddr base = ring0 + st * STAGE;
+        if (u < nc0) {
+            const int c = u * BK;
+#pragma unroll
+            for (int i = 0; i < HPT; ++i)
+                if (hdst[i] != ~0u) cp_async16(base + hdst[i], xs + hsrc[i] + c, (hin >> i) & 1u);
+#pragma unroll
+            for (int i = 0; i < WPT; ++i) {
+                const int v = tid + i * NT, t = v / (2 * BN), n = (v >> 1) - t * BN;
+                if (v < WV) cp_async16(base + HALO + t * BN * 32 + rows_swz(n, kv), wt + (size_t)(n0 + n) * ldw + t * Cin + c + kv * VEC, true);
+            }
+        } else {   // residual unit: the tile's pixels into the halo's interior, weights into the centre tap
+            const int c = (u - nc0) * BK + kv * VEC;
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                const int v = tid + i * NT, p = v >> 1, py = p / TW, px = p - py * TW;
+                const bool ok = c < Cr;
+                if (v < RV) cp_async16(base + rows_swz((py + 1) * WP + px + 1, kv), ok ? xr + ((size_t)b * M + m0 + p) * ldr + c : wt, ok);
+            }
+#pragma unroll
+            for (int i = 0; i < (2 * BN + NT - 1) / NT; ++i) {
+                const int v = tid + i * NT, n = v >> 1;
+                if (v < 2 * BN) cp_async16(base + HALO + 4 * BN * 32 + rows_swz(n, kv), wt + (size_t)(n0 + n) * ldw + nk0 * BK + (u - nc0) * BK + kv * VEC, true);
+            }
+        }
+    };
+    // after the wait: the thread's own halo vectors of chunk j normalized (table), or its padded
+    // ones overwritten with the pad vector (folded; conv.cu conv_gn_prologue)
+    auto normalize = [&](int st, int j) {
+        if (!norm) return;
+        char *h = ring_p + st * STAGE;
+        if constexpr (FOLD) {
+            const Vec<S, VEC> pad = vload<S, VEC>(reinterpret_cast<const S *>(dyn_smem) + j * BK + kv * VEC);
+#pragma unroll
+            for (int i = 0; i < HPT; ++i)
+                if (hdst[i] != ~0u && !((hin >> i) & 1u)) vstore<S, VEC>(reinterpret_cast<S *>(h + hdst[i]), pad);
+            return;
+        }
+        GnCoef<D, VEC> g;
+        g.load(Cin, j * BK + kv * VEC);
+#pragma unroll
+        for (int i = 0; i < HPT; i += 2) {   // two vectors per step, both loaded before either is stored
+            Vec<S, VEC> v[2];
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+                if (i + q < HPT && ((hin >> (i + q)) & 1u)) v[q] = vload<S, VEC>(reinterpret_cast<S *>(h + hdst[i + q]));
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+                if (i + q < HPT && ((hin >> (i + q)) & 1u)) {
+                    g.apply(v[q]);
+                    vstore<S, VEC>(reinterpret_cast<S *>(h + hdst[i + q]), v[q]);
+                }
+        }
+    };
+
+    const int wm = warp / WN, wn = warp % WN;
+    // the lane's ldmatrix row at halo row 0 for tap column kx (row r: + r * WP * 32)
+    auto aad = [&](int kx) { return rows_swz(wm * 16 + kx + (lane & 15), lane >> 4); };
+    const u32 bad = HALO + rows_swz(wn * WTN + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    float acc[MF][NF][4];
+    zero_acc(acc);
+    // output rows 0 .. TH - 1 from the fragments af[0 ..] times one tap's weights at B (conv.cu mma_kstep;
+    // a weight row is 32 bytes, so n-fragment pairs lie 16 x 32 bytes apart)
+    auto mma_tap = [&](const u32 (*af)[4], saddr B) {
+        mma_kstep<D, MF, NF>(acc, *reinterpret_cast<const u32(*)[MF][4]>(af), B, 16 * 32);
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nu) issue(s, s);
+        cp_async_commit();
+    }
+    EpiloguePrefetch<BN, NT, false, true> pre;
+    pre.load(bias, psi_w, n0);
+    if (norm) conv_gn_prologue<D, NT, 4, BN, FOLD>(gn_part, gn_P, gp, gn_eps, gn_w, gn_b, gn_fold, fcol, Cin, b, n0);
+
+    for (int u = 0, st = 0; u < nu; ++u) {
+        cp_async_wait<STAGES - 2>();
+        if (u < nc0) normalize(st, u);
+        __syncthreads();   // chunk u visible to all; every warp is done with unit u - 1 (its stage is reused next)
+        if (u + STAGES - 1 < nu) issue(u + STAGES - 1, st == 0 ? STAGES - 1 : st - 1);
+        cp_async_commit();
+        const saddr base = ring0 + st * STAGE;
+        if (u < nc0) {
+            // one kx per trip, not unrolled: unrolled, the next kx's fragments were loaded under this
+            // one's mma and ptxas spilled on sm_87
+#pragma unroll 1
+            for (int kx = 0; kx < 3; ++kx) {
+                u32 af[MF + 2][4];
+                const saddr a = base + aad(kx);
+#pragma unroll
+                for (int r = 0; r < MF + 2; ++r) ldmatrix_x4(af[r], a + r * WP * 32);
+#pragma unroll
+                for (int ky = 0; ky < 3; ++ky) mma_tap(af + ky, base + bad + (ky * 3 + kx) * BN * 32);
+            }
+            if constexpr (FOLD)
+                if (u + 1 == nc0) scale_acc(acc, fcol[BN]);
+        } else {
+            u32 af[MF][4];
+#pragma unroll
+            for (int r = 0; r < MF; ++r) ldmatrix_x4(af[r], base + aad(1) + (r + 1) * WP * 32);
+            mma_tap(af, base + bad + 4 * BN * 32);
+        }
+        st = st + 1 == STAGES ? 0 : st + 1;
+    }
+    cp_async_wait<0>();
+    conv_finish<D, BM, BN, WM, WN, VEC, false, 3>(acc, mtiles, mt, 0, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
+}
+
+// Symbols end in _r<STAGES>. Register cap: 8 or more warps 128 (16 warps per SM), fewer 168 (as the
+// GEMM-tile halo conv's 4-warp tiles: at 128, ptxas spilled up to 100 bytes on sm_87).
+#define ROWS_MIN_CTAS(WM, WN) ((WM) * (WN) >= 8 ? 16 / ((WM) * (WN)) : 12 / ((WM) * (WN)))
+#define CONV_HALO_ROWS_INSTANCE(name, D, BM, BN, WM, WN, STAGES, FOLD)                              \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN, ROWS_MIN_CTAS(WM, WN)) name(CONV_PARAMS) {  \
+        conv_gemm_halo_rows<D, BM, BN, WM, WN, STAGES, FOLD>(CONV_ARGS);                          \
+    }

@@ -152,7 +152,7 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     for n in sorted(names, key=lambda n: heur[n] - best[n][0], reverse=True):
         t = best[n][1]
         print(f"  {heur[n]:7.2f} -> {best[n][0]:7.2f}  {n:28s} {t.bm}x{t.bn}x{t.bk} {t.wm}x{t.wn} "
-              f"{'h' if t.halo else 's'}{t.stages}{f' k{t.ks}' if t.ks > 1 else ''} split {t.splits or '-'}")
+              f"{ {2: 'r', 1: 'h'}.get(t.halo, 's')}{t.stages}{f' k{t.ks}' if t.ks > 1 else ''} split {t.splits or '-'}")
     sms = backend.sm_count()
     meta = {"device": backend.device_name(), "sms": sms, "precision": precision, "config": cfg.to_dict(),
             "batch": batch, "graph_ms_heuristic": base_ms, "graph_ms_tuned": tuned_ms, "eps_rel_l2": rel,

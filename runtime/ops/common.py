@@ -174,5 +174,5 @@ class TileChoice:
     bk: int
     stages: int = 0      # 0: conv_gemm; n: the cp.async conv with n stages
     splits: int = 0      # 0: choose_splits decides
-    halo: int = 0        # 1: the halo conv (kernels/conv_halo.cu) with `stages` weight slots
+    halo: int = 0        # 1: the halo conv (kernels/conv_halo.cu) with `stages` weight slots; 2: its row tiles
     ks: int = 1          # k slices of the cp.async conv (ConvKey.ks)

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from jetson_unet.ops.common import (Ctx, ELEM_BYTES, F, I, MAX_STAGES, OpSpec, P, Resolver, SMEM_LIMIT,
                                     VEC_MAX, cdiv, from_device, k_residual, padded, round_up, to_device,
                                     vec_for)
-from jetson_unet.ops.conv_halo import ConvGeom, builtin_halo, conv_geom, halo_problems, halo_smem
+from jetson_unet.ops.conv_halo import ConvGeom, builtin_halo, builtin_rows, conv_geom, halo_problems, halo_smem
 from jetson_unet.ops.conv_pipe import (PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem,
                                        pipelined, with_pipeline)
 from jetson_unet.ops.tiles import choose_bk, choose_splits, choose_tile
@@ -27,7 +27,10 @@ FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded Gr
 
 def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
     """A tile the kernels can instantiate (their static_asserts and the smem budget, in Python), so a
-    bad tuning entry is a one-line ConfigError rather than an NVRTC failure."""
+    bad tuning entry is a one-line ConfigError rather than an NVRTC failure. (The halo conv's row tiles:
+    conv_halo.rows_problems, with the op's geometry.)"""
+    if key.rows:
+        return
     tc, nt, eb = key.dtype != "fp32", key.threads, ELEM_BYTES[key.dtype]
     kv, vb = key.bk // key.vec, 16 // eb
     rpp = nt // kv if kv and nt % kv == 0 else 0
@@ -70,8 +73,7 @@ def tuned_key(key: ConvKey, ctx: Ctx, name: str, n: int, dyn_smem: int,
         return None
     stages = t.stages
     tuned = dataclasses.replace(key, bm=t.bm, bn=t.bn, wm=t.wm, wn=t.wn, bk=t.bk, stages=stages, halo=bool(t.halo),
-                                ks=t.ks if stages else 1, nsplit=key.gate and t.bn < n,
-)
+                                rows=t.halo == 2, ks=t.ks if stages else 1, nsplit=key.gate and t.bn < n)
     check_key(tuned, n, dyn_smem, f"tuned tile of {name}")
     bad = (halo_problems(tuned, geom) if geom else ["a gate"]) if tuned.halo else []
     if bad:
@@ -200,6 +202,7 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
                   vec, False)
     dyn = 8 * xt.channels if op.norm else 0
     key = (tuned_key(key, ctx, op.out, ot.channels, dyn, conv_geom(op, ctx))
+           or builtin_rows(key, op, ctx, ot)
            or builtin_halo(key, op, ctx, ot)
            or with_pipeline(key, ctx, dyn))
     if op.in_map == "up2":
@@ -312,8 +315,8 @@ def split_k(blobs: Dict[str, np.ndarray], mtiles: int, ntiles: int, nk: int, key
     """Splits, workspace bytes; adds the zeroed tickets (gemm_workspace) to the op's blobs."""
     t = ctx.tiles.get(name)
     tiles = mtiles * ntiles
-    splits = (min(t.splits, nk) if (t and t.splits) else
-              choose_splits(nk, tiles * ctx.batch, ctx.sms))
+    splits = (1 if key.rows else   # the halo conv's row tiles have no split-K
+              min(t.splits, nk) if (t and t.splits) else choose_splits(nk, tiles * ctx.batch, ctx.sms))
     ws, ctr = gemm_workspace(ctx.batch, mtiles, ntiles, splits, key.bm, key.bn, key.gate)
     if ctr:
         blobs["counters"] = np.zeros(ctr, dtype=np.int32)

@@ -1,5 +1,5 @@
-"""Launcher rules of kernels/conv_halo.cu, the halo 3x3 conv: where it can run, its dynamic shared
-memory, and where the built-in tiles pick it.
+"""Launcher rules of kernels/conv_halo.cu, the halo 3x3 conv (GEMM tiles, and row tiles: ConvKey.rows):
+where it can run, its dynamic shared memory, and where the built-in tiles pick it.
 """
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ class ConvGeom:
 
 
 def halo_smem(key: ConvKey, g: ConvGeom) -> int:
+    """Dynamic smem bytes of the halo conv of `key` (its row tiles: rows_smem)."""
+    return rows_smem(key, g) if key.rows else gemm_halo_smem(key, g)
+
+
+def gemm_halo_smem(key: ConvKey, g: ConvGeom) -> int:
     """Dynamic smem bytes of conv_halo.cu, as the kernel lays it out: GroupNorm table, 128-byte
     alignment slack, NH halo buffers of (TH + 2) x (TW + 2) pixels of 2 * BK + 16 bytes, and the ring of
     `stages` slots B[BN][BK] (+ A[BM][BK] with a residual segment)."""
@@ -39,6 +44,8 @@ def halo_smem(key: ConvKey, g: ConvGeom) -> int:
 
 def halo_problems(key: ConvKey, g: ConvGeom) -> List[str]:
     """Why conv_halo.cu cannot run this op with this key ([] if it can)."""
+    if key.rows:
+        return rows_problems(key, g)
     tw, smem = min(key.bm, g.wout), halo_smem(key, g)
     return [msg for cond, msg in [
         (key.kh != 3 or key.stride != 1 or key.gate, "3x3 stride-1 convs only"),
@@ -75,3 +82,62 @@ def builtin_halo(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey
         return None
     halo = dataclasses.replace(key, bk=64, stages=HALO_STAGES, halo=True)
     return None if halo_problems(halo, geom) else halo
+
+
+# ---- row tiles (conv_gemm_halo_rows) ------------------------------------------------------------------
+
+ROWS_BK = 16        # conv_gemm_halo_rows: one 16-channel chunk per stage
+ROWS_MAX_SMS = 16   # builtin_rows: the GPUs whose built-in tiles take the row tiles
+
+
+def rows_smem(key: ConvKey, g: ConvGeom) -> int:
+    """Dynamic smem bytes of conv_gemm_halo_rows: GroupNorm table, alignment slack, `stages` x (the
+    halo of TH + 2 rows of TW + 8 pixels of 32 bytes, and 9 taps x BN weight rows of 32 bytes)."""
+    th, tw = key.bm // g.wout, g.wout
+    return (8 * g.cin if g.norm else 0) + 128 + key.stages * ((th + 2) * (tw + 8) * 32 + 9 * key.bn * 32)
+
+
+def rows_problems(key: ConvKey, g: ConvGeom) -> List[str]:
+    """Why conv_gemm_halo_rows cannot run this op with this key ([] if it can)."""
+    th = key.bm // g.wout if g.wout else 0
+    return [msg for cond, msg in [
+        (key.kh != 3 or key.stride != 1 or key.gate or key.up != 1, "3x3 stride-1 convs only"),
+        (key.dtype == "fp32" or key.vec != VEC_MAX[key.dtype], "16-bit with 16-byte vectors only"),
+        (key.bk != ROWS_BK or g.cin % ROWS_BK or g.cr % ROWS_BK,
+         f"BK {key.bk}, Cin {g.cin}, residual {g.cr}: 16-channel chunks"),
+        (16 * key.wm != g.wout, f"{key.wm} warps across a row of {g.wout} pixels (16 each)"),
+        (not th or key.bm % g.wout or g.wout % th, f"BM {key.bm}: whole rows that divide the {g.wout} rows"),
+        ((key.bn // key.wn) % 16 or key.wm * key.wn > 16,
+         f"warp tile of {key.bn // key.wn} channels, {key.threads} threads"),
+        (not 2 <= key.stages <= 4, f"{key.stages} stages"),
+        ((th + 2) * (g.wout + 2) * 2 > 32 * key.threads, "more than 32 halo vectors per thread (one bit mask)"),
+        (rows_smem(key, g) > HALO_SMEM_LIMIT, f"{rows_smem(key, g)} B of shared memory"),
+    ] if cond]
+
+
+def rows_key(key: ConvKey, g: ConvGeom, th: int, bn: int, stages: int, wtn: int = 32) -> ConvKey:
+    """The row-tile key of TH rows x BN channels (warps: one per 16 pixels x one per `wtn` channels)."""
+    return dataclasses.replace(key, bm=th * g.wout, bn=bn, bk=ROWS_BK, wm=max(g.wout // 16, 1), wn=max(bn // wtn, 1),
+                               stages=stages, halo=True, rows=True, ks=1)
+
+
+def builtin_rows(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey]:
+    """The row tiles for a 16-bit 3x3 stride-1 conv of 32- or 64-pixel rows on a GPU of at most 16 SMs
+    (the Orin's regime, where they were measured): TH rows (4, else 2) by BN channels (64, else 32), the
+    largest whose grid gives every SM two CTAs; 2 stages (two CTAs of the 64x64 level's tile fit an
+    sm_87 SM). None elsewhere: on 16-pixel rows one warp per row ran 3x slower than the cp.async conv
+    with split-K at batch 1 on the 8-SM slice (45 against 15 us), and on 132 SMs they are unmeasured."""
+    if not (pipelined(ctx, key.vec) and key.kh == 3 and key.stride == 1 and key.up == 1 and not key.gate
+            and ctx.sms <= ROWS_MAX_SMS):
+        return None
+    geom = conv_geom(op, ctx)
+    if geom.wout < 32:
+        return None
+    batch = ctx.tile_batch or ctx.batch
+    for th in (4, 2):
+        for bn in (64, 32):
+            rk = rows_key(key, geom, th, bn, 2)
+            if (ot.channels % bn == 0 and not rows_problems(rk, geom)
+                    and batch * (ot.size // th) * (ot.channels // bn) >= 2 * ctx.sms):
+                return rk
+    return None

@@ -14,7 +14,8 @@ class ConvKey:
     """One instantiation of conv_gemm (kernels/conv.cu), or with stages > 0 of conv_gemm_pipe
     (kernels/conv_pipe.cu, a cp.async ring of `stages` k-tiles; the default for 16-bit convs with
     16-byte vectors), or with halo of conv_gemm_halo (kernels/conv_halo.cu: 3x3 stride 1, the input
-    staged once per channel chunk as a halo tile, `stages` slots of weights in flight). ks > 1 (the
+    staged once per channel chunk as a halo tile, `stages` slots of weights in flight; with rows, its
+    row-tile layout conv_gemm_halo_rows: BM = whole rows, a stage per 16-channel chunk). ks > 1 (the
     cp.async conv only): each warp tile shared by ks warps, each taking every ks-th k step."""
     dtype: str      # "fp32" | "fp16" | "bf16"
     bm: int
@@ -29,6 +30,7 @@ class ConvKey:
     gate: bool
     stages: int = 0   # 0: conv_gemm (register-staged double buffering)
     halo: bool = False
+    rows: bool = False     # the halo conv's row tiles (kernels/conv_halo.cu conv_gemm_halo_rows; halo too)
     ks: int = 1       # k slices of the cp.async conv: KS warps per warp tile (kernels/conv_pipe.cu)
     nsplit: bool = False   # a gate whose N is split over CTAs (BN < N; kernels/conv.cu conv_finish)
     fold: bool = False     # GroupNorm folded into the GEMM (cp.async / halo convs; ops.fold_norm)
@@ -37,7 +39,7 @@ class ConvKey:
     def symbol(self) -> str:
         kind = ("gaten" if self.nsplit else "gate") if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
         return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}"
-                + (f"_{'h' if self.halo else 's'}{self.stages}" if self.stages else "")
+                + (f"_{'r' if self.rows else 'h' if self.halo else 's'}{self.stages}" if self.stages else "")
                 + (f"_k{self.ks}" if self.ks != 1 else "") + ("_f" if self.fold else ""))
 
     @property
@@ -51,6 +53,9 @@ class ConvKey:
         return 32 * self.wm * self.wn * self.ks
 
     def instance(self) -> str:
+        if self.rows:
+            return (f"CONV_HALO_ROWS_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, "
+                    f"{self.wm}, {self.wn}, {self.stages}, {int(self.fold)})")
         if self.halo:
             return (f"CONV_HALO_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                     f"{self.wm}, {self.wn}, {self.up}, {self.stages}, {int(self.fold)})")

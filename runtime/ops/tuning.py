@@ -5,8 +5,8 @@ rules (jetson_unet.ops.tiles) when its KernelPolicy finds or names one.
 A tuning file belongs to one (model config, device, SM count, precision, batch): tiles that win on
 an H100 at batch 16 say nothing about an Orin Nano at batch 1, so `load_tiles` refuses a file made
 for other ones. Format (JSON): {"format": 1, "device", "sms", "precision", "batch", "config",
-"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo, ks}}, ...measurements}; halo (the halo
-conv, kernels/conv_halo.cu) and ks (k slices of the cp.async conv) may be absent (0, 1).
+"tiles": {op: {bm, bn, wm, wn, bk, stages, splits, halo, ks}}, ...measurements}; halo (1: the halo
+conv, kernels/conv_halo.cu; 2: its row tiles) and ks (k slices of the cp.async conv) may be absent (0, 1).
 
 Where `find_tiles` looks: the user's folder (jetson_unet.paths.user_tiles_dir: $JETSON_UNET_TILES,
 else ~/.cache/jetson-unet/tiles, where `jetson-tune` writes), then the files shipped as package data
@@ -25,7 +25,7 @@ from jetson_unet.errors import ConfigError
 from jetson_unet.files import atomic_open
 from jetson_unet.paths import shipped_tiles_dir, user_tiles_dir
 from jetson_unet.model.plan import CONV, GATE, Op
-from jetson_unet.ops.conv_halo import HALO_STAGES, conv_geom, halo_problems
+from jetson_unet.ops.conv_halo import HALO_STAGES, conv_geom, halo_problems, rows_key
 from jetson_unet.ops.common import MAX_STAGES, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, k_residual
 from jetson_unet.ops.conv_pipe import PIPE_RING_LIMIT, PIPE_SCRATCH, pipe_ring_bytes
 from jetson_unet.ops.conv import check_key, conv_matrix, gate_key, gemm_key, subpixel_rows
@@ -42,6 +42,9 @@ GATE_ROWS = ((32, 2, 2), (64, 2, 2), (32, 1, 4), (64, 1, 4))
 # with <= 32 accumulators per thread (128x128 with 8 warps spilled on sm_87)
 HALO_TILES = ((32, 32, 2, 2), (32, 64, 2, 2), (64, 32, 2, 2), (64, 64, 2, 2), (128, 32, 2, 2), (128, 64, 4, 2),
               (64, 128, 2, 4))
+# the row tiles' (rows per tile, channels per warp), at BN 32 to 128 and 2 or 3 stages (conv_halo.rows_problems
+# keeps those that fit)
+ROWS_TILES = ((2, 32), (4, 32), (8, 16))
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -62,7 +65,7 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
     # what the im2col candidates derive from (the tile decides the fold and, for up2, the sub-pixel
     # form again: ops.gemm_key)
     up2 = op.kind != GATE and op.in_map == "up2"
-    key = dataclasses.replace(heur, halo=False, fold=False, kh=3 if up2 else heur.kh)
+    key = dataclasses.replace(heur, halo=False, rows=False, fold=False, kh=3 if up2 else heur.kh)
     rows = ctx.plan.tensors[op.x].size ** 2
     gate = op.kind == GATE
     n = ctx.plan.tensors[op.x if gate else op.out].channels
@@ -78,7 +81,7 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
         widest = max(32, 1 << (n - 1).bit_length())   # no BN wider than N rounded up to a power of two
         shapes = [s for s in (TC_TILES if tc else FFMA_TILES) if s[1] <= widest]
     pipe = tc and key.vec == VEC_MAX[ctx.precision]
-    out = [TileChoice(heur.bm, heur.bn, heur.wm, heur.wn, heur.bk, heur.stages, halo=int(heur.halo))]
+    out = [TileChoice(heur.bm, heur.bn, heur.wm, heur.wn, heur.bk, heur.stages, halo=halo_kind(heur))]
     for bm, bn, wm, wn in shapes:
         variants = []
         if pipe:
@@ -122,7 +125,20 @@ def candidates(op: Op, ctx: Ctx) -> List[TileChoice]:
                     if t not in out:
                         out.append(t)
                     break
+        for th, wtn in ROWS_TILES:
+            for bn in (32, 64, 128):
+                for stages in (2, 3):
+                    k = rows_key(key, geom, th, bn, stages, wtn)
+                    if bn <= widest and n % bn == 0 and not halo_problems(k, geom):
+                        t = TileChoice(k.bm, k.bn, k.wm, k.wn, k.bk, stages, halo=2)
+                        if t not in out:
+                            out.append(t)
     return out
+
+
+def halo_kind(key: Any) -> int:
+    """TileChoice.halo of a key: 0 im2col, 1 the halo conv, 2 its row tiles."""
+    return 2 if key.rows else int(key.halo)
 
 
 def builtin_tiles(ctx: Ctx) -> Dict[str, TileChoice]:
@@ -136,7 +152,7 @@ def builtin_tiles(ctx: Ctx) -> Dict[str, TileChoice]:
             spec = op_spec(op, plain)
             k, m = spec.key, ctx.plan.tensors[op.out].size ** 2
             out[op.out] = TileChoice(k.bm, k.bn, k.wm, k.wn, k.bk, k.stages, splits=spec.grid[0] // cdiv(m, k.bm),
-                                     halo=int(k.halo), ks=k.ks)
+                                     halo=halo_kind(k), ks=k.ks)
     return out
 
 
@@ -150,7 +166,9 @@ def k_segments(op: Op, ctx: Ctx) -> List[int]:
 
 
 def with_splits(t: TileChoice, segments: List[int]) -> List[TileChoice]:
-    """`t` with each split-K factor that leaves every split at least two k-tiles."""
+    """`t` with each split-K factor that leaves every split at least two k-tiles (the row tiles: none)."""
+    if t.halo == 2:
+        return []
     nk = sum(cdiv(k, t.bk) for k in segments)
     return [dataclasses.replace(t, splits=s) for s in SPLITS if s <= max(1, nk // 2)]
 

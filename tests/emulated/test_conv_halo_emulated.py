@@ -4,7 +4,8 @@ reuses). With one channel chunk (Cin == BK) both kernels sum the same terms in t
 they must agree bit for bit; with several chunks the halo conv sums chunk-major (another order of
 the same fp32 terms): agreement within the output dtype's rounding. Cases cover whole-row and
 row-part tiles, a ragged last tile (TH not dividing H), up2, fused GroupNorm (padding must stay 0
-after normalizing), the residual K segment, split-K across a chunk boundary, bf16."""
+after normalizing), the residual K segment, split-K across a chunk boundary, bf16. The row tiles
+(conv_gemm_halo_rows) sum chunk by chunk, taps in (kx, ky) order: within the output's rounding."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from jetson_unet.ops.common import Ctx
-from jetson_unet.ops.conv_halo import ConvGeom, HALO_SMEM_LIMIT, halo_problems
+from jetson_unet.ops.conv_halo import ConvGeom, HALO_SMEM_LIMIT, halo_problems, rows_problems
 from jetson_unet.ops.conv_pipe import deep_ring
 from jetson_unet.ops.specs import op_spec
 from tests.emulated.test_conv_pipe_emulated import Problem, build_lib, key, values
@@ -23,6 +24,11 @@ pytestmark = pytest.mark.slow
 
 def halo(k):
     return dataclasses.replace(k, halo=True)
+
+
+def rows(bm, bn, wm, wn, stages=2, dtype="fp16", fold=False):
+    return dataclasses.replace(key(bm, bn, 16, stages=stages, dtype=dtype, wm=wm, wn=wn, fold=fold),
+                               halo=True, rows=True)
 
 
 # (name, reference key (cp.async im2col), halo key, problem, exact)
@@ -44,6 +50,16 @@ CASES = [
     ("bf16-8-warps", key(128, 64, 32, stages=3, dtype="bf16", wm=4, wn=2),
      halo(key(128, 64, 32, stages=3, dtype="bf16", wm=4, wn=2)),
      dict(hin=16, cin=64, n=64, cr=0, batch=1, norm=True, tbias=True, res=True), False),
+    # the row tiles: one warp across a 16-pixel row, two across 32; 2 and 3 stages; the GroupNorm as a
+    # table and folded; the residual K segment and the epilogue residual; fp16 and bf16
+    ("rows-table-norm-tbias-gelu-res", key(64, 32, 32, stages=3), rows(64, 32, 1, 1),
+     dict(hin=16, cin=32, n=32, cr=0, batch=2, norm=True, tbias=True, act=1, res=True), False),
+    ("rows-folded-residual-conv", key(64, 64, 32, stages=3, fold=True), rows(64, 64, 1, 2, fold=True),
+     dict(hin=16, cin=48, n=64, cr=32, batch=1, norm=True), False),
+    ("rows-32-wide-3-stages", key(128, 32, 32, stages=3), rows(128, 32, 2, 1, stages=3),
+     dict(hin=32, cin=32, n=64, cr=0, batch=1, norm=True, act=1), False),
+    ("rows-bf16-residual-no-norm", key(64, 32, 32, stages=3, dtype="bf16"), rows(64, 32, 2, 1, dtype="bf16"),
+     dict(hin=32, cin=16, n=32, cr=16, batch=2), False),
 ]
 
 
@@ -59,6 +75,10 @@ def test_halo_geometry_checks():
     assert any("whole rows" in p for p in halo_problems(halo(key(64, 64, 32, stages=3)),
                                                             dataclasses.replace(g, wout=12)))
     assert any("3x3" in p for p in halo_problems(halo(key(64, 64, 32, kh=1, stages=3)), g))
+    assert rows_problems(rows(64, 64, 1, 2), g) == []
+    assert any("warps across a row" in p for p in rows_problems(rows(64, 64, 2, 2), g))
+    assert any("divide" in p for p in rows_problems(rows(48, 64, 1, 2), g))
+    assert any("16-channel" in p for p in rows_problems(rows(64, 64, 1, 2), dataclasses.replace(g, cin=40)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -85,13 +105,14 @@ def test_halo_conv_matches_im2col_conv(emu_lib, case):
         np.testing.assert_allclose(got_st[..., :2], want_st[..., :2], rtol=1e-3, atol=1e-2 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("kind", ["halo", "k slices", "gate", "sub-pixel"])
+@pytest.mark.parametrize("kind", ["halo", "rows", "k slices", "gate", "sub-pixel"])
 def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tmp_path, kind):
     """The halo tiles, the k-sliced cp.async tiles, the gate tiles (the whole N in one CTA or
     split over 2-4) and the sub-pixel up2 tiles (ops.conv.subpixel) the tuner may pick (default
-    config, batch 1 and 16) for Orin's sm_87: no spills, and registers that leave two CTAs per SM
-    (the halo conv's smem budget, HALO_SMEM_LIMIT, allows two). Those with a deep ring (deep_ring) have their own test, which
-    allows a few bytes of spills (test_conv_pipelined_cpu.py)."""
+    config, batch 1 and 16) for Orin's sm_87: no spills (the row tiles: at most ROWS_SPILL_MAX bytes,
+    outside the mma loop), and registers that leave two CTAs per SM (the halo conv's smem budget,
+    HALO_SMEM_LIMIT, allows two; its row tiles too). Those with a deep ring (deep_ring) have their
+    own test, which allows a few bytes of spills (test_conv_pipelined_cpu.py)."""
     import shutil
 
     from jetson_unet.model.config import UNetConfig
@@ -99,14 +120,15 @@ def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tm
     from jetson_unet.ops.tuning import candidates, tunable
     from jetson_unet.model.plan import GATE, build_plan
     from jetson_unet.model.weights import random_params
-    from tests.host.test_conv_pipelined_cpu import sm87_ptxas
+    from tests.host.test_conv_pipelined_cpu import ROWS_SPILL_MAX, sm87_ptxas
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc")
     cfg = UNetConfig()
     plan, params = build_plan(cfg), random_params(cfg, 0)
-    picked = {"halo": lambda op, t: t.halo, "k slices": lambda op, t: t.ks > 1, "gate": lambda op, t: op.kind == GATE,
+    picked = {"halo": lambda op, t: t.halo == 1, "rows": lambda op, t: t.halo == 2,
+              "k slices": lambda op, t: t.ks > 1, "gate": lambda op, t: op.kind == GATE,
               "sub-pixel": lambda op, t: op.in_map == "up2" and t.stages and not t.halo}[kind]
     keys = set()
     for batch in (1, 16):
@@ -124,5 +146,5 @@ def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tm
     rep = sm87_ptxas(nvcc, sorted(keys, key=lambda k: k.symbol), tmp_path)
     for k in keys:
         f = rep[k.symbol]
-        assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
+        assert f["spill"] <= (ROWS_SPILL_MAX if k.rows else 0) and (k.rows or f["stack"] == 0), (k.symbol, f)
         assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)

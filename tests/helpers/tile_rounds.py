@@ -20,7 +20,9 @@ def deep_symbol(symbol: str) -> bool:
 
 
 # kind -> (its variants of an op's candidates, whether a kernel symbol is of the kind, also with split-K)
-KINDS = {"halo": (lambda c, op: [t for t in c if t.halo], re.compile(r"_h\d+(_f)?$").search, True),
+KINDS = {"halo": (lambda c, op: [t for t in c if t.halo == 1], re.compile(r"_h\d+(_f)?$").search, True),
+         # the halo conv's row tiles (no split-K)
+         "rows": (lambda c, op: [t for t in c if t.halo == 2], re.compile(r"_r\d+(_f)?$").search, False),
          "k slices": (lambda c, op: [t for t in c if t.ks > 1], re.compile(r"_k\d+(_f)?$").search, True),
          "deep ring": (lambda c, op: [t for t in c if deep_ring(t)], deep_symbol, True),
          # up2 convs on the cp.async conv: its sub-pixel 2x2 form (ops.conv.subpixel)

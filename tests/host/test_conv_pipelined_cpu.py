@@ -98,8 +98,9 @@ def test_pipelined_launches(cfg, precision, sms):
         assert bool(key.stages) == want_piped, (spec.op.out, key)
         if key.stages:
             piped += 1
-            kind = "_h3" if key.halo else "_s3"   # the built-in halo conv where the grid is deep (8 SMs)
-            assert key.stages == 3 and launch.fn.symbol == key.symbol
+            # the built-in halo conv where the grid is deep, its row tiles on 32- and 64-pixel rows (8 SMs)
+            kind = "_r2" if key.rows else "_h3" if key.halo else "_s3"
+            assert key.stages == (2 if key.rows else 3) and launch.fn.symbol == key.symbol
             assert launch.fn.symbol.endswith(kind + "_f" if key.fold else kind)
             assert key.fold == bool(spec.op.norm and key.bn <= 128), (spec.op.out, key)   # fold_norm
             if key.halo:   # dynamic smem only, past 48 KB by the opt-in, two CTAs per sm_87 SM
@@ -214,9 +215,10 @@ def test_pipelined_module_compiles_for_sm87(tmp_path):
     assert any(k.halo for k in keys)   # an 8-SM GPU's built-in tiles take the halo conv where it is deep
     assert any(k.subpixel for k in keys)   # the up2 convs as sub-pixel 2x2 convs
     assert any(k.bm * k.bn >= 64 * 64 and k.wm * k.wn >= 4 and not k.halo and not k.gate for k in keys)   # unrolled
+    assert any(k.rows for k in keys)   # the halo conv's row tiles on the 32- and 64-pixel levels
     for k in keys:
         f = rep[k.symbol]
-        assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)
+        assert f["spill"] <= (ROWS_SPILL_MAX if k.rows else 0) and (k.rows or f["stack"] == 0), (k.symbol, f)
         if k.halo:   # its tiles live in dynamic smem (test_opt_in_launches checks the budget)
             assert f["regs"] * k.threads * 2 <= 65536, (k.symbol, f)
             continue
@@ -232,6 +234,10 @@ def test_pipelined_module_compiles_for_sm87(tmp_path):
 # per SM), the H100's batch-16 call with them was 0.941 / 0.938 ms against 0.916 / 0.919 at the cap;
 # the tuner keeps them only where they measure faster.
 DEEP_SPILL_MAX = 64
+# ... and of the halo conv's row tiles (64 accumulators per thread at the 128- or 168-register cap):
+# nvcc 13 sm_87 0-88 bytes over its 33 candidates, all in the set-up and the epilogue (cuobjdump: no
+# local-memory access between a kernel's first and last mma, 2026-11-28).
+ROWS_SPILL_MAX = 96
 
 
 def test_kernel_and_host_agree_on_where_a_ring_is_deep():

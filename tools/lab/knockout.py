@@ -67,9 +67,12 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
          "if (v0 == 1234.5f) o[0] = D::from_f(v1);")]),
     "kloop": ("the k loops of the cp.async and halo convs (no copies, no mma)", [
         ("conv_halo.cu", "ntiles = ke - kb;", "ntiles = 0 * (ke - kb);"),
+        ("conv_halo.cu", "nu = nc0 + nk1;", "nu = 0 * (nc0 + nk1);"),
         ("conv_pipe.cu", "ntiles = ke - kb;", "ntiles = 0 * (ke - kb);")]),
     "gn": ("the GroupNorm prologue of the cp.async and halo convs (merge, table or pad values)", [
-        ("conv_halo.cu", "const bool norm = gn_part != nullptr;", "const bool norm = false;"),
+        ("conv_halo.cu", "const bool norm = gn_part != nullptr;\n    const int nk", "const bool norm = false;\n    const int nk"),
+        ("conv_halo.cu", "const int y0 = mt * TH;\n    const bool norm = gn_part != nullptr;",
+         "const int y0 = mt * TH;\n    const bool norm = false;"),
         ("conv_pipe.cu", "const bool norm = gn_part != nullptr;", "const bool norm = false;")]),
     "gnloop": ("the GroupNorm merge's partials past the first 32 (their second round trip)", [
         ("common.cuh", "for (int i = lane + 32; i < P; i += 32 * NB) {", "for (int i = lane + 32; i < 0; i += 32 * NB) {")]),
