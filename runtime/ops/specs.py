@@ -6,6 +6,7 @@ from typing import Any, List, Mapping, Sequence, Tuple
 
 from jetson_unet.ops.common import Ctx, OpSpec, check_div_range
 from jetson_unet.ops.conv import gate_key, gate_spec, gemm_conv_spec, gemm_key
+from jetson_unet.ops.conv_halo import ROWS_MAX_SMS
 from jetson_unet.ops.dwconv import dwconv_key, dwconv_spec
 from jetson_unet.ops.io import final_key, final_spec, init_key, init_spec
 from jetson_unet.errors import ConfigError
@@ -56,8 +57,10 @@ def op_key(op: Op, ctx: Ctx) -> Any:
 # H100 / H200. The rules compare batch x CTAs with multiples of the SM count, so a key depends on batch / SMs
 # alone; these ratios (1/132 .. 8) reach every tile the rules pick for the shipped model from batch 1 on
 # 256 SMs to batch 64 on one SM (tests/host/test_shipped_cubins.py checks GPUs' SM counts against it).
+# One rule also has a threshold on the SM count itself (the halo conv's row tiles up to ROWS_MAX_SMS):
+# its largest SM count joins the grid, so that every count up to it finds its ratios there.
 MODULE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-MODULE_SMS = (8, 132)
+MODULE_SMS = (8, ROWS_MAX_SMS, 132)
 Tuned = Sequence[Tuple[int, Mapping[str, Any]]]   # (batch, tiles) of each tuning file of the run's SM count
 
 
