@@ -78,7 +78,11 @@ def leftovers(tmp: Path) -> list:
 
 
 def run_python(code: str) -> "subprocess.Popen[bytes]":
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """`code` in a Python process of its own, with Ctrl-C's default handler: a test run started as a
+    background job (`pytest &` in a script) hands its children SIGINT ignored, and Python then keeps
+    it ignored."""
+    prelude = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    return subprocess.Popen([sys.executable, "-c", prelude + code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def interrupt(proc: "subprocess.Popen[bytes]", child_file: Path, sigs) -> int:
