@@ -91,7 +91,7 @@ def with_rates(row: Dict[str, Any], flops_per_image_call: float) -> Dict[str, An
 
 
 def rows_for(args: argparse.Namespace, sms: Optional[int], batches: List[int]) -> List[Dict[str, Any]]:
-    out = [in_fresh_process(matmul_row, sms)] if not args.no_torch else []
+    out = [in_fresh_process(matmul_row, sms)] if batches and not args.no_torch else []
     for b in batches:
         out.append(in_fresh_process(ours_row, args, sms, b))
         if not args.no_torch:
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", default=str(default_weights_path()))
     ap.add_argument("--sms", type=int, default=8, help="SMs of the slice (default: 8, an Orin Nano 8GB's)")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4], help="batch sizes on the slice")
+    ap.add_argument("--batch", type=int, nargs="*", default=[1, 4], help="batch sizes on the slice (none: the whole GPU only)")
     ap.add_argument("--whole-batch", type=int, nargs="*", default=[1, 4, 16, 64], help="batch sizes on the whole GPU")
     ap.add_argument("--sampler", default="ddpm", choices=("ddpm", "ddim", "dpmpp-2m"))
     ap.add_argument("--steps", type=int, default=None)

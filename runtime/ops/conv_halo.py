@@ -87,7 +87,8 @@ def builtin_halo(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey
 # ---- row tiles (conv_gemm_halo_rows) ------------------------------------------------------------------
 
 ROWS_BK = 16        # conv_gemm_halo_rows: one 16-channel chunk per stage
-ROWS_MAX_SMS = 16   # builtin_rows: the GPUs whose built-in tiles take the row tiles
+ROWS_MAX_SMS = 16   # builtin_rows: the GPUs whose built-in tiles take the row tiles at any batch,
+ROWS_SMS_PER_SAMPLE = 4   # and larger ones from one sample per this many SMs
 
 
 def rows_smem(key: ConvKey, g: ConvGeom) -> int:
@@ -123,17 +124,19 @@ def rows_key(key: ConvKey, g: ConvGeom, th: int, bn: int, stages: int, wtn: int 
 
 def builtin_rows(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey]:
     """The row tiles for a 16-bit 3x3 stride-1 conv of 32- or 64-pixel rows on a GPU of at most 16 SMs
-    (the Orin's regime, where they were measured): TH rows (4, else 2) by BN channels (64, else 32), the
-    largest whose grid gives every SM two CTAs; 2 stages (two CTAs of the 64x64 level's tile fit an
-    sm_87 SM). None elsewhere: on 16-pixel rows one warp per row ran 3x slower than the cp.async conv
-    with split-K at batch 1 on the 8-SM slice (45 against 15 us), and on 132 SMs they are unmeasured."""
+    (the Orin's regime, where they were measured), or on a larger one from one sample per 4 SMs up: TH
+    rows (4, else 2) by BN channels (64, else 32), the largest whose grid gives every SM two CTAs; 2
+    stages (two CTAs of the 64x64 level's tile fit an sm_87 SM). On 132 SMs (H100) they won at batch 64
+    (2.989 -> 2.787 ms a call) and lost at 16 (0.932 -> 1.022). None elsewhere: on 16-pixel rows one
+    warp per row ran 3x slower than the cp.async conv with split-K at batch 1 on the 8-SM slice (45
+    against 15 us)."""
+    batch = ctx.tile_batch or ctx.batch
     if not (pipelined(ctx, key.vec) and key.kh == 3 and key.stride == 1 and key.up == 1 and not key.gate
-            and ctx.sms <= ROWS_MAX_SMS):
+            and (ctx.sms <= ROWS_MAX_SMS or ROWS_SMS_PER_SAMPLE * batch >= ctx.sms)):
         return None
     geom = conv_geom(op, ctx)
     if geom.wout < 32:
         return None
-    batch = ctx.tile_batch or ctx.batch
     for th in (4, 2):
         for bn in (64, 32):
             rk = rows_key(key, geom, th, bn, 2)

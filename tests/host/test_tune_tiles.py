@@ -394,6 +394,18 @@ def test_builtin_tiles_as_a_tile_mapping_launch_the_same_kernels(weights, sms, b
                                                            for n, s in specs.items())
 
 
+@pytest.mark.parametrize("sms,batch,rows", [(8, 1, True), (16, 4, True), (132, 1, False), (132, 16, False),
+                                            (132, 33, True), (132, 64, True)])
+def test_builtin_row_tiles_on_few_sms_or_from_a_sample_per_4_sms(weights, sms, batch, rows):
+    """conv_halo.builtin_rows: the row tiles on GPUs of <= 16 SMs at any batch, on larger ones from one
+    sample per 4 SMs (measured on 132 SMs: a win at batch 64, a loss at 16); only the 64x64 and 32x32
+    levels' 3x3 convs (32- and 64-pixel rows)."""
+    plan, _, specs = heuristic(weights, batch, sms)
+    on = {n for n, s in specs.items() if getattr(s.key, "rows", False)}
+    assert bool(on) == rows
+    assert all(plan.tensors[n].size >= 32 for n in on)
+
+
 @pytest.mark.parametrize("batch,sms", [(1, 8), (4, 8), (16, 8), (16, 132), (64, 132)])
 def test_builtin_bm_is_below_twice_a_samples_rows(batch, sms):
     """The GEMM runs per sample: a 128-row tile at the 8x8 level (64 rows) would be half padding,
