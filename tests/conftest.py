@@ -76,6 +76,20 @@ def odd_weights(odd_weights_path: Path) -> Weights:
     return load_weights(odd_weights_path)
 
 
+@pytest.fixture(scope="session")
+def ptxas87(tmp_path_factory: pytest.TempPathFactory):
+    """The session's sm_87 ptxas reports (tests/helpers/sm87.py `Ptxas`): a kernel several checks
+    look at compiles once. Skips without nvcc."""
+    import shutil
+
+    from tests.helpers.sm87 import Ptxas
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    return Ptxas(nvcc, tmp_path_factory.mktemp("sm87"))
+
+
 def _assert_close(label: str, actual: np.ndarray, expected: np.ndarray, dtype, *,
                   atol: float, rtol: float) -> None:
     """Shape, then dtype, then values: |a - e| <= atol + rtol |e| (llm.c style), listing mismatches."""

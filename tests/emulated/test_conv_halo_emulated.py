@@ -13,9 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jetson_unet.ops.common import Ctx
 from jetson_unet.ops.conv_halo import ConvGeom, HALO_SMEM_LIMIT, halo_problems, rows_problems
-from jetson_unet.ops.conv_pipe import deep_ring
 from jetson_unet.ops.specs import op_spec
 from tests.emulated.test_conv_pipe_emulated import Problem, build_lib, key, values
 
@@ -106,44 +104,23 @@ def test_halo_conv_matches_im2col_conv(emu_lib, case):
 
 
 @pytest.mark.parametrize("kind", ["halo", "rows", "k slices", "gate", "sub-pixel"])
-def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(tmp_path, kind):
+def test_every_halo_sliced_or_gate_candidate_compiles_for_sm87_without_spills(ptxas87, kind):
     """The halo tiles, the k-sliced cp.async tiles, the gate tiles (the whole N in one CTA or
     split over 2-4) and the sub-pixel up2 tiles (ops.conv.subpixel) the tuner may pick (default
     config, batch 1 and 16) for Orin's sm_87: no spills (the row tiles: at most ROWS_SPILL_MAX bytes,
     outside the mma loop), and registers that leave two CTAs per SM (the halo conv's smem budget,
     HALO_SMEM_LIMIT, allows two; its row tiles too). Those with a deep ring (deep_ring) have their
-    own test, which allows a few bytes of spills (test_conv_pipelined_cpu.py)."""
-    import shutil
+    own test, which allows a few bytes of spills (test_conv_pipelined_cpu.py). The kernels: sm87.SETS."""
+    from tests.helpers import sm87
+    from tests.host.test_conv_pipelined_cpu import ROWS_SPILL_MAX
 
-    from jetson_unet.model.config import UNetConfig
-    from jetson_unet.model.arena import view_layout
-    from jetson_unet.ops.tuning import candidates, tunable
-    from jetson_unet.model.plan import GATE, build_plan
-    from jetson_unet.model.weights import random_params
-    from tests.host.test_conv_pipelined_cpu import ROWS_SPILL_MAX, sm87_ptxas
-
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("no nvcc")
-    cfg = UNetConfig()
-    plan, params = build_plan(cfg), random_params(cfg, 0)
-    picked = {"halo": lambda op, t: t.halo == 1, "rows": lambda op, t: t.halo == 2,
-              "k slices": lambda op, t: t.ks > 1, "gate": lambda op, t: op.kind == GATE,
-              "sub-pixel": lambda op, t: op.in_map == "up2" and t.stages and not t.halo}[kind]
-    keys = set()
-    for batch in (1, 16):
-        ctx = Ctx(plan, params, "fp16", batch, 8, view_layout(plan))
-        for op in plan.ops:
-            if tunable(op, ctx):
-                for t in candidates(op, ctx):
-                    if picked(op, t):
-                        spec = op_spec(op, dataclasses.replace(ctx, tiles={op.out: t}))
-                        if deep_ring(spec.key):   # spills allowed: test_conv_pipelined_cpu's deep-ring test
-                            continue
-                        assert not t.halo or spec.smem <= HALO_SMEM_LIMIT, (spec.key.symbol, spec.smem)
-                        keys.add(spec.key)
+    for k in sm87.picked(kind):
+        if k.tile.halo:
+            smem = op_spec(k.op, k.ctx).smem
+            assert smem <= HALO_SMEM_LIMIT, (k.key.symbol, smem)
+    keys = sm87.keys(kind)
     assert keys and (kind != "gate" or any(k.nsplit for k in keys))
-    rep = sm87_ptxas(nvcc, sorted(keys, key=lambda k: k.symbol), tmp_path)
+    rep = ptxas87.report(keys)
     for k in keys:
         f = rep[k.symbol]
         assert f["spill"] <= (ROWS_SPILL_MAX if k.rows else 0) and (k.rows or f["stack"] == 0), (k.symbol, f)

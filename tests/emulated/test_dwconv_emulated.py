@@ -135,18 +135,13 @@ def test_dwconv_matches_reference(lib, case):
                     assert np.isclose(m2, ((blk - blk.mean()) ** 2).sum(), rtol=1e-3)
 
 
-def test_every_depthwise_instantiation_compiles_for_sm87_without_spills(tmp_path):
+def test_every_depthwise_instantiation_compiles_for_sm87_without_spills(ptxas87):
     """Each (dtype, vector, width, channels per thread) the host can pick, through ptxas for the
     Orin's sm_87: no spills, and channel pairs at 64 registers where they need 4 CTAs per SM."""
-    import shutil
-    from tests.host.test_conv_pipelined_cpu import sm87_ptxas
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("no nvcc")
     keys = [SimpleKey("dwconv", dt, K, v, tw, cp) for dt, vecs in (("fp16", (8, 4, 1)), ("bf16", (8, 4, 1)), ("fp32", (4, 1)))
             for v in vecs for tw, cp in ((8, 1), (4, 1), (8, 2)) if cp == 1 or v > 1]
     keys += [SimpleKey("dwconv_tc", dt, K, 8, DW_TC_TILE, cpw) for dt in ("fp16", "bf16") for cpw in (1, 2, 4)]
-    rep = sm87_ptxas(nvcc, keys, tmp_path)
+    rep = ptxas87.report(keys)
     for k in keys:
         f = rep[k.symbol]
         assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)

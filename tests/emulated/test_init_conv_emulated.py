@@ -153,17 +153,12 @@ def test_init_conv_advances_the_sampler_step_once_per_launch(lib, case):
     assert not np.isnan(outs[0][..., o0:o0 + cout]).any()
 
 
-def test_every_init_instantiation_compiles_for_sm87_without_spills(tmp_path):
+def test_every_init_instantiation_compiles_for_sm87_without_spills(ptxas87):
     """Each (dtype, kernel, width) the host can pick for a 3-channel image, through ptxas
     for the Orin's sm_87: no spills, no stack."""
-    import shutil
-    from tests.host.test_conv_pipelined_cpu import sm87_ptxas
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("no nvcc")
     keys = ([SimpleKey("init", dt, K, 3, tw) for dt in ("fp32", "fp16", "bf16") for tw in (8, 16)]
             + [SimpleKey("init_tc", dt, K, 3) for dt in ("fp16", "bf16")])
-    rep = sm87_ptxas(nvcc, keys, tmp_path)
+    rep = ptxas87.report(keys)
     for k in keys:
         f = rep[k.symbol]
         assert f["spill"] == 0 and f["stack"] == 0, (k.symbol, f)

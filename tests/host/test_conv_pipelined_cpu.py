@@ -6,27 +6,22 @@ without spills, within the smem budget."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
+from tests.helpers import sm87
 from tests.helpers.fakes import FakeBackend, own_module_cache  # noqa: F401  (the fixture: autouse)
 
 from jetson_unet.paths import kernels_dir
 from jetson_unet.model.config import UNetConfig
-from jetson_unet.ops.common import Ctx, SMEM_LIMIT
-from jetson_unet.model.arena import view_layout
+from jetson_unet.ops.common import SMEM_LIMIT
 from jetson_unet.ops.conv_halo import HALO_SMEM_LIMIT
 from jetson_unet.ops.conv_pipe import (PIPE_RING_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem,
                                        pipe_tile)
-from jetson_unet.ops.specs import op_spec
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.ops.keys import ConvKey
-from jetson_unet.build.sources import module_source, nvrtc_options
 from jetson_unet.model.weights import random_params
 
 ODD = UNetConfig(dim=12, image_size=24, dim_mults=(1, 2, 3), time_dim=48)
@@ -156,61 +151,12 @@ def test_up2_convs_are_sub_pixel_where_a_tile_fits_a_parity_class(sms, batch):
 
 # ---- slow: the real compiler ---------------------------------------------------------------------
 
-def ptxas_report(text: str) -> dict:
-    """`-Xptxas -v` output -> {function: {regs, smem, stack, spill}}."""
-    out, cur = {}, None
-    for line in text.splitlines():
-        m = re.search(r"Compiling entry function '([^']+)'", line)
-        if m:
-            cur = out.setdefault(m.group(1), {"regs": 0, "smem": 0, "stack": 0, "spill": 0})
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and cur is not None:
-            cur["stack"], cur["spill"] = int(m.group(1)), int(m.group(2)) + int(m.group(3))
-        m = re.search(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?", line)
-        if m and cur is not None and "Used" in line:
-            cur["regs"] = int(m.group(1))
-            s = re.search(r"(\d+) bytes smem", line)
-            cur["smem"] = int(s.group(1)) if s else 0
-    return out
-
-
-def sm87_ptxas(nvcc: str, keys, tmp_path) -> dict:
-    """The module of `keys` compiled by nvcc for sm_87 with the runtime's include options: ptxas's
-    report per kernel (test_conv_halo_emulated.py uses it too). The keys are split over one nvcc per
-    CPU (at most 4), run side by side: ptxas's time is per kernel, and the test run uses one CPU."""
-    keys = list(keys)
-    jobs = max(1, min(4, os.cpu_count() or 1, len(keys)))
-    opts = [o for o in nvrtc_options(87) if o.startswith(("-std", "-I"))]
-    procs = []
-    for j in range(jobs):
-        src = tmp_path / f"sm87_{j}.cu"
-        src.write_text(module_source(keys[j::jobs]))
-        procs.append(subprocess.Popen([nvcc, "-cubin", "-arch=sm_87", *opts, "-Xptxas", "-v", str(src), "-o",
-                                       str(tmp_path / f"sm87_{j}.cubin")], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    report = {}
-    for p in procs:
-        out, err = p.communicate()
-        assert p.returncode == 0, err[-4000:]
-        report.update(ptxas_report(out + err))
-    return report
-
-
 @pytest.mark.slow
-def test_pipelined_module_compiles_for_sm87(tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("no nvcc")
-    # batch 1 and 16 on the Orin's 8 SMs: at batch 16 most tiles are large, with the k loop unrolled
-    # by its stages (conv_pipe.cu), which holds more registers
-    specs = [s for b in (1, 16) for s in GpuExecutor(W(UNetConfig()), "fp16", batch=b, backend=FakeBackend(sms=8)).specs]
-    keys = {s.key for s in specs if isinstance(s.key, ConvKey) and s.key.stages}
-    keys = sorted(keys, key=lambda k: k.symbol)
-    dyn = {}
-    for s in specs:
-        dyn[s.key.symbol] = max(dyn.get(s.key.symbol, 0), s.smem)
-    rep = sm87_ptxas(nvcc, keys, tmp_path)
+def test_pipelined_module_compiles_for_sm87(ptxas87):
+    # the built-in tiles at batch 1 and 16 on the Orin's 8 SMs (sm87.kernels): at batch 16 most tiles are
+    # large, with the k loop unrolled by its stages (conv_pipe.cu), which holds more registers
+    keys, dyn = sm87.keys("built-in"), sm87.dynamic_smem("built-in")
+    rep = ptxas87.report(keys)
     assert any(k.fold for k in keys)
     assert any(k.halo for k in keys)   # an 8-SM GPU's built-in tiles take the halo conv where it is deep
     assert any(k.subpixel for k in keys)   # the up2 convs as sub-pixel 2x2 convs
@@ -252,29 +198,13 @@ def test_kernel_and_host_agree_on_where_a_ring_is_deep():
 
 
 @pytest.mark.slow
-def test_deep_ring_candidates_compile_for_sm87(tmp_path):
+def test_deep_ring_candidates_compile_for_sm87(ptxas87):
     """Every deep-ring tile the tuner may time (deep_ring: the ring in dynamic smem) builds for
     sm_87 with its ring out of static smem, within the dynamic budget of two CTAs per Orin SM, and
     with at most a few bytes of spills."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("no nvcc")
-    from jetson_unet.ops.tuning import candidates, tunable
-    from jetson_unet.model.plan import build_plan
-    weights = W(UNetConfig())
-    plan = build_plan(weights.config)
-    keys, dyn = set(), {}
-    for b in (1, 16):
-        ctx = Ctx(plan, weights.params, "fp16", b, 8, view_layout(plan))
-        for op in plan.ops:
-            if tunable(op, ctx):
-                for t in candidates(op, ctx):
-                    spec = op_spec(op, dataclasses.replace(ctx, tiles={op.out: t}))
-                    if deep_ring(spec.key):
-                        keys.add(spec.key)
-                        dyn[spec.key.symbol] = max(dyn.get(spec.key.symbol, 0), spec.smem)
+    keys, dyn = sm87.keys("deep ring"), sm87.dynamic_smem("deep ring")
     assert any(k.bk == 64 for k in keys) and any(k.bm * k.bn >= 128 * 128 for k in keys)
-    rep = sm87_ptxas(nvcc, sorted(keys, key=lambda k: k.symbol), tmp_path)
+    rep = ptxas87.report(keys)
     for k in keys:
         f = rep[k.symbol]
         assert f["smem"] <= PIPE_SCRATCH, (k.symbol, f)   # the ring is not static
