@@ -24,6 +24,7 @@ tiles change the summation order only).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -42,7 +43,7 @@ from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import build_plan
 from jetson_unet.ops.common import Ctx, TileChoice
 from jetson_unet.ops.policy import BUILTIN, KernelPolicy
-from jetson_unet.ops.specs import op_spec
+from jetson_unet.ops.specs import op_key
 from jetson_unet.ops.tuning import candidates, dump_tiles, file_name, k_segments, tunable, with_splits
 from jetson_unet.paths import user_tiles_dir
 from jetson_unet.sampling.host import available_bytes
@@ -72,13 +73,15 @@ def build_shards(cpus: Optional[int] = None, available: Optional[int] = None) ->
 
 
 def time_rounds(weights: Any, precision: str, batch: int, backend: Any, rounds: List[Dict[str, TileChoice]],
-                names: Sequence[str], extra: Sequence[Any], shards: int = 1) -> Dict[str, list]:
-    """{op: [(us, TileChoice), ...]} over executors built with each round's tiles."""
+                names: Sequence[str], extra: Sequence[Any], shards: int = 1,
+                memo: Optional[Dict[Any, Any]] = None) -> Dict[str, list]:
+    """{op: [(us, TileChoice), ...]} over executors built with each round's tiles (memo: GpuExecutor's,
+    one for the run)."""
     seen: Dict[str, list] = {n: [] for n in names}
     for i, tiles in enumerate(rounds):
         t0 = time.perf_counter()
         with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles),
-                         extra_keys=extra, shards=shards) as ex:
+                         extra_keys=extra, shards=shards, memo=memo) as ex:
             for name, _sym, _grid, us in per_op_times(ex, backend, only=set(tiles)):
                 seen[name].append((us, tiles[name]))
         print(f"  round {i + 1}/{len(rounds)}: {len(tiles)} ops, {time.perf_counter() - t0:.1f} s", flush=True)
@@ -113,13 +116,13 @@ def top_shapes(timings: list, n: int) -> List[TileChoice]:
 
 def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence[Any],
          cands: Dict[str, List[TileChoice]], ksegs: Dict[str, List[int]], out_dir: Path, split_top: int = 3,
-         command: str = PROG, shards: int = 1) -> Dict[str, Any]:
+         command: str = PROG, shards: int = 1, memo: Optional[Dict[Any, Any]] = None) -> Dict[str, Any]:
     """Time the candidates, then the split-K factors of each op's `split_top` fastest tile shapes;
     write the tuning file of this batch into out_dir and return what it records."""
     names = list(cands)
     rounds = as_rounds(cands)
     print(f"b{batch}: {len(names)} ops, {len(rounds)} tile rounds", flush=True)
-    seen = time_rounds(weights, precision, batch, backend, rounds, names, extra, shards)
+    seen = time_rounds(weights, precision, batch, backend, rounds, names, extra, shards, memo)
     best = {n: min(seen[n], key=lambda r: r[0]) for n in names}
     heur = {n: seen[n][0][0] for n in names}   # candidate 0 is the built-in rule's tile
     label = "split-K"
@@ -128,7 +131,7 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     rounds = as_rounds(splits)
     print(f"b{batch}: {len(rounds)} {label} rounds", flush=True)
     rec: Dict[str, Dict[str, float]] = {}   # how near split-K came where it lost
-    for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra, shards).items():
+    for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra, shards, memo).items():
         if rs:
             top = min(rs, key=lambda r: r[0])
             rec[n] = {"without": best[n][0], "best": top[0]}
@@ -141,10 +144,10 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     cfg = weights.config
     x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
     with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=BUILTIN),
-                     extra_keys=extra, shards=shards) as ex:
+                     extra_keys=extra, shards=shards, memo=memo) as ex:
         base_ms, base_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
     with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles),
-                     extra_keys=extra, shards=shards) as ex:
+                     extra_keys=extra, shards=shards, memo=memo) as ex:
         tuned_ms, tuned_eps = graph_ms(ex, backend, x), ex.eps(x, 50)
     rel = float(np.linalg.norm(tuned_eps - base_eps) / max(float(np.linalg.norm(base_eps)), 1e-30))
     print(f"b{batch} {precision}: graph {base_ms:.3f} ms built-in -> {tuned_ms:.3f} ms tuned "
@@ -200,17 +203,16 @@ def tune_main(argv: Optional[Sequence[str]] = None) -> int:
     backend = get_backend("cupy", args.sms)
     weights, _ = bench_weights()
     plan, sms = build_plan(weights.config), backend.sm_count()
-    per_batch, extra = {}, set()
+    per_batch, extra, memo = {}, set(), {}   # memo: each op's weights packed once per tile shape
     for b in args.batch:   # every candidate of every batch in one module: one build for all rounds
-        ctx = Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan))
+        ctx = Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan), memo=memo)
         cands, ksegs = {}, {}
         for op in plan.ops:
             if not tunable(op, ctx):
                 continue
             cands[op.out] = candidates(op, ctx)
             for t in cands[op.out]:
-                extra.add(op_spec(op, Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan),
-                                          tiles={op.out: t})).key)
+                extra.add(op_key(op, dataclasses.replace(ctx, tiles={op.out: t})))
             ksegs[op.out] = k_segments(op, ctx)
         per_batch[b] = (cands, ksegs)
     keys = sorted(extra, key=lambda k: k.symbol)
@@ -219,10 +221,10 @@ def tune_main(argv: Optional[Sequence[str]] = None) -> int:
           flush=True)
     t0 = time.perf_counter()
     GpuExecutor(weights, args.precision, batch=1, backend=backend, policy=KernelPolicy(tiles=BUILTIN),
-                extra_keys=keys, shards=shards).close()
+                extra_keys=keys, shards=shards, memo=memo).close()
     print(f"module built in {time.perf_counter() - t0:.1f} s", flush=True)
     results = [tune(weights, args.precision, b, backend, keys, *per_batch[b], out_dir, args.split_top, command,
-                    shards) for b in args.batch]
+                    shards, memo) for b in args.batch]
     if args.json:
         with writing(args.json), atomic_open(args.json, "w") as f:
             f.write(json.dumps(results, indent=1) + "\n")

@@ -118,12 +118,14 @@ class _Addr(Resolver):
 class GpuExecutor:
     def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Optional[Backend] = None,
                  early_start: bool = True, policy: KernelPolicy = KernelPolicy(), extra_keys: Sequence[Any] = (),
-                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None, shards: int = 1) -> None:
+                 fits: Optional[Callable[[memory.MemoryEstimate], None]] = None, shards: int = 1,
+                 memo: Optional[Dict[Any, Any]] = None) -> None:
         """policy: which tiles (jetson_unet.ops.policy). extra_keys: more instantiations in the same
         module (the tuner's candidates). fits: checks this executor's memory estimate instead of the
         executor's own check (a GpuSampler adds its tables to it); either runs before any compile,
         pinning or upload. shards: the kernels in that many modules, compiled side by side (the
-        tuner's; build.loader.KernelSet)."""
+        tuner's; build.loader.KernelSet). memo: shared by executors of the same weights, which then pack
+        each op's weights once (ops.common.memoized; the tuner's rounds)."""
         if precision not in PRECISIONS:
             raise UsageError(f"GPU precision must be one of {PRECISIONS}, got {precision!r}")
         if batch < 1:
@@ -134,7 +136,8 @@ class GpuExecutor:
         self._bufs: List[Any] = []
         sms = policy.device_sms(self.backend)
         tiles, self.tiles_from = policy.resolve(self.config, self.backend.device_name(), sms, precision, self.batch)
-        ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=tiles)
+        ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=tiles,
+                  memo={} if memo is None else memo)
         self.specs: List[OpSpec] = [op_spec(op, ctx) for op in self.plan.ops if op.kind != CAT]
         # Sizes first (jetson_unet.executor.memory, shared with `jetson-sample --plan-only`): a batch that
         # does not fit is refused before any compile, pinned staging or upload.

@@ -111,6 +111,17 @@ class Ctx:
     tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch)
     extra_keys: List[Any] = field(default_factory=list)
     tiles: Mapping[str, "TileChoice"] = field(default_factory=dict)       # op.out -> measured tile
+    # what `memoized` derived from these params (packed weights, module keys): a caller that builds many
+    # executors of the same weights (jetson-tune: one per round) passes one dict to all of them
+    memo: Dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def memoized(ctx: Ctx, key: Tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """make(), or what it returned for `key` before with ctx.memo (key: whatever the value depends on
+    besides the params; the caller treats the value as read-only)."""
+    if key not in ctx.memo:
+        ctx.memo[key] = make()
+    return ctx.memo[key]
 
 
 def vec_for(precision: str, ctx: Ctx, names: Sequence[Optional[str]], channels: Sequence[int]) -> int:

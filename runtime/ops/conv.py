@@ -10,8 +10,8 @@ import numpy as np
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.ops.common import (Ctx, ELEM_BYTES, F, I, MAX_STAGES, OpSpec, P, Resolver, SMEM_LIMIT,
-                                    VEC_MAX, cdiv, from_device, k_residual, padded, round_up, to_device,
-                                    vec_for)
+                                    VEC_MAX, cdiv, from_device, k_residual, memoized, padded, round_up,
+                                    to_device, vec_for)
 from jetson_unet.ops.conv_halo import ConvGeom, builtin_halo, builtin_rows, conv_geom, halo_problems, halo_smem
 from jetson_unet.ops.conv_pipe import (PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem,
                                        pipelined, with_pipeline)
@@ -239,12 +239,12 @@ def subpixel(key: ConvKey, op: Op, ctx: Ctx, dyn: int) -> ConvKey:
     return dataclasses.replace(key, stages=0, ks=1, fold=False, bk=choose_bk(key.dtype, key.bm, key.bn, key.vec, False))
 
 
-def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
+def gemm_blobs(op: Op, ctx: Ctx, key: ConvKey) -> Tuple[Dict[str, np.ndarray], int, List[int]]:
+    """The GEMM conv's packed weights and the vectors beside them (bias, GroupNorm), their leading
+    dimension and the K segments' k-tile counts: a function of the params, the op and key's dtype, BN,
+    BK, fold and sub-pixel form."""
     plan, p, prec = ctx.plan, ctx.params, ctx.precision
-    xt, ot = plan.tensors[op.x], plan.tensors[op.out]
-    key = gemm_key(op, ctx)
-    tile = (key.bm, key.bn)
-    n, m = ot.channels, ot.size * ot.size
+    xt, n = plan.tensors[op.x], plan.tensors[op.out].channels
     segs = [conv_matrix(op, p)]
     bias = np.asarray(p[op.prefix + ".bias"], dtype=np.float32)
     xr = k_residual(op)
@@ -256,21 +256,35 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
         if cr != n:
             raise ConfigError(f"{op.out}: identity residual {xr} has {cr} channels, the conv {n}")
         segs.append(np.eye(n, dtype=np.float32))
-    res = op.residual if (op.residual and not xr) else None
     gn_w, gn_b = (p[op.norm + ".weight"], p[op.norm + ".bias"]) if op.norm else (None, None)
-    fold = key.fold   # gemm_key decided (fold_norm)
-    if fold:
+    if key.fold:   # gemm_key decided (fold_norm)
         segs[0], bias = fold_weights(segs[0], bias, gn_w, gn_b)
     if key.subpixel:
-        w, ldw, nks = pack_subpixel(prec, tile[1], key.bk, p[op.prefix + ".weight"])
+        w, ldw, nks = pack_subpixel(prec, key.bn, key.bk, p[op.prefix + ".weight"])
     else:
-        w, ldw, nks = pack_gemm(prec, tile[1], key.bk, segs)
-    blobs = {"w": w, "bias": padded(bias, round_up(n, tile[1]))}
-    if fold:
+        w, ldw, nks = pack_gemm(prec, key.bn, key.bk, segs)
+    blobs = {"w": w, "bias": padded(bias, round_up(n, key.bn))}
+    if key.fold:
         blobs["gn_fold"] = fold_table(w, prec, nks[0] * key.bk, gn_w, gn_b)
     elif op.norm:
         blobs["gn_w"] = padded(gn_w, xt.channels)
         blobs["gn_b"] = padded(gn_b, xt.channels)
+    return blobs, ldw, nks
+
+
+def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
+    plan = ctx.plan
+    xt, ot = plan.tensors[op.x], plan.tensors[op.out]
+    key = gemm_key(op, ctx)
+    tile = (key.bm, key.bn)
+    n, m = ot.channels, ot.size * ot.size
+    xr = k_residual(op)
+    cr = plan.tensors[xr].channels if xr else 0
+    res = op.residual if (op.residual and not xr) else None
+    fold = key.fold
+    packed = memoized(ctx, ("gemm_blobs", op.out, key.dtype, key.bn, key.bk, key.fold, key.subpixel),
+                      lambda: gemm_blobs(op, ctx, key))
+    blobs, ldw, nks = dict(packed[0]), packed[1], packed[2]   # split_k adds to the op's own dict
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
     grid = (mtiles * splits, ntiles, ctx.batch)

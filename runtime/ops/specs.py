@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Sequence, Tuple
 
-from jetson_unet.ops.common import Ctx, OpSpec, check_div_range
+from jetson_unet.ops.common import Ctx, OpSpec, check_div_range, memoized
 from jetson_unet.ops.conv import gate_key, gate_spec, gemm_conv_spec, gemm_key
 from jetson_unet.ops.conv_halo import ROWS_MAX_SMS
 from jetson_unet.ops.dwconv import dwconv_key, dwconv_spec
@@ -69,6 +69,12 @@ def all_tile_keys(ctx: Ctx, tuned: Tuned = ()) -> List[Any]:
     MODULE_SMS, and those of the measured tiles `tuned` (a file whose tiles do not fit is left out): one
     module per (config, precision) then serves every batch size and SM count (one compile, one cache
     entry, one shipped cubin per arch)."""
+    memo = ("all_tile_keys", ctx.precision, ctx.batch, ctx.sms,
+            tuple((b, tuple(sorted(tiles.items()))) for b, tiles in tuned))
+    return list(memoized(ctx, memo, lambda: _tile_keys(ctx, tuned)))
+
+
+def _tile_keys(ctx: Ctx, tuned: Tuned) -> List[Any]:
     ops = [op for op in ctx.plan.ops if op.kind in (CONV, GATE)]
     subs = [Ctx(ctx.plan, ctx.params, ctx.precision, ctx.batch, s, ctx.views, tile_batch=b)
             for s in MODULE_SMS for b in MODULE_BATCHES]

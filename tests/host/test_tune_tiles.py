@@ -8,6 +8,7 @@ import json
 import os
 from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -118,6 +119,26 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
         assert launched[op.out].grid[0] == -(-size ** 2 // t.bm)   # one split: each costs more in the model
 
 
+def test_executors_that_share_a_memo_pack_and_launch_what_fresh_ones_do(weights):
+    """The tuner's rounds share one memo (each op's weights packed once per tile shape): an executor
+    built after others with other tiles has the blobs, keys and module of one built alone."""
+    plan = build_plan(weights.config)
+    ctx = Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
+    rounds = tune.as_rounds({op.out: candidates(op, ctx) for op in plan.ops if tunable(op, ctx)})
+    memo: dict = {}
+    for tiles in (rounds[1], rounds[2], rounds[1], {}):
+        with GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8), policy=KernelPolicy(tiles=tiles),
+                         memo=memo) as shared, \
+                GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8), policy=KernelPolicy(tiles=tiles)) as alone:
+            assert [s.key for s in shared.specs] == [s.key for s in alone.specs]
+            assert shared.kernels.source == alone.kernels.source
+            for a, b in zip(shared.specs, alone.specs):
+                assert a.blobs.keys() == b.blobs.keys(), a.op.out
+                for name in a.blobs:
+                    assert np.array_equal(a.blobs[name], b.blobs[name]), (a.op.out, name)
+    assert any(k[0] == "gemm_blobs" for k in memo) and any(k[0] == "all_tile_keys" for k in memo)
+
+
 @pytest.mark.slow   # ~10-20 s of tuner rounds on the fake; the Python 3.8 run keeps the tuner's first test
 def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, monkeypatch):
     """A tile shape that loses at the built-in split can win at another (on an H100 at batch 16 a
@@ -129,7 +150,7 @@ def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, mo
             return 0.5 if t.splits == 2 else 1.5
         return 1.0 if (t.bm, t.bn, t.halo, t.ks) == (64, 32, 0, 1) else 2.0 + 0.01 * t.bm
 
-    def fake_rounds(weights, precision, batch, backend, rounds, names, extra, shards=1):
+    def fake_rounds(weights, precision, batch, backend, rounds, names, extra, shards=1, memo=None):
         seen = {n: [] for n in names}
         for tiles in rounds:
             for n, t in tiles.items():
