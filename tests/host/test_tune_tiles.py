@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -295,8 +296,8 @@ def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
 
 def test_shipped_tiles_past_48_kb_launch_with_the_smem_opt_in(weights):
     """The batch-16 files pick kernels whose shared memory goes past the 48 KB (static + dynamic) that
-    need no opt-in: the halo conv (kernels/conv_halo.cu; the H200's file) and the cp.async conv with
-    its ring in dynamic smem (deep_ring; the H100's file). The executor must raise
+    need no opt-in: the halo conv (kernels/conv_halo.cu; the H200's file; its row tiles, the H100's)
+    and the cp.async conv with its ring in dynamic smem (deep_ring; the H100's file). The executor must raise
     each such kernel's limit first (the fake, like the driver, refuses a launch past it), and they
     stay within the budgets that leave two CTAs per sm_87 SM."""
     kinds = set()
@@ -313,7 +314,8 @@ def test_shipped_tiles_past_48_kb_launch_with_the_smem_opt_in(weights):
                     continue
                 kinds.add("halo" if k.halo else "deep")
                 if k.halo:
-                    assert L.fn.symbol.endswith(("_h3", "_h3_f")) and f"CONV_HALO_INSTANCE({L.fn.symbol}," in src
+                    kind = "CONV_HALO_ROWS_INSTANCE" if k.rows else "CONV_HALO_INSTANCE"
+                    assert re.search(r"_(h3|r\d)(_f)?$", L.fn.symbol) and f"{kind}({L.fn.symbol}," in src
                     assert L.smem <= HALO_SMEM_LIMIT, (path.name, s.op.out)
                 else:
                     assert pipe_ring_bytes(k.bm, k.bn, k.bk, k.stages) < L.smem <= PIPE_DEEP_LIMIT
