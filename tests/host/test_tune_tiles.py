@@ -296,10 +296,10 @@ def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
 
 def test_shipped_tiles_past_48_kb_launch_with_the_smem_opt_in(weights):
     """The batch-16 files pick kernels whose shared memory goes past the 48 KB (static + dynamic) that
-    need no opt-in: the halo conv (kernels/conv_halo.cu; the H200's file; its row tiles, the H100's)
-    and the cp.async conv with its ring in dynamic smem (deep_ring; the H100's file). The executor must raise
-    each such kernel's limit first (the fake, like the driver, refuses a launch past it), and they
-    stay within the budgets that leave two CTAs per sm_87 SM."""
+    need no opt-in: the halo conv's row tiles (kernels/conv_halo.cu) and the cp.async conv with its
+    ring in dynamic smem (deep_ring). The executor must raise each such kernel's limit first (the
+    fake, like the driver, refuses a launch past it), and they stay within the budgets that leave two
+    CTAs per sm_87 SM."""
     kinds = set()
     for path in sorted(SHIPPED.glob("tiles-*-b16.json")):
         tiles = load_tiles(path, "fp16", 16, 132, weights.config)
