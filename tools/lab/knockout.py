@@ -58,6 +58,15 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
     "gelu-fma": ("the GELU's MUFU op, ~24 dependent fma kept (about erff's instruction count)", [
         ("common.cuh", "return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));",
          "float p = v;\n#pragma unroll\n    for (int i = 0; i < 24; ++i) p = fmaf(p, 0.03125f, v);\n    return p;")]),
+    # not a removal: every fp16 mma.sync issued twice on the same accumulators, the tensor work of the
+    # call doubled, as on a tensor core of half the rate (an Orin SM's is 0.4-0.8x an H100 SM's)
+    "mma2": ("nothing removed: every fp16 mma issued twice (the tensor cores at half their rate)", [
+        ("common.cuh", '"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "\n'
+                       '                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"',
+         '"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "\n'
+         '                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\\t"\n'
+         '                     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "\n'
+         '                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"')]),
     "stats": ("the GroupNorm statistics epilogue of the GEMM convs", [
         ("conv.cu", "        if (st_part) {   // GroupNorm partials", "        if (false) {   // GroupNorm partials")]),
     "store": ("the GEMM convs' output stores (the values are still computed: the statistics use them)", [
