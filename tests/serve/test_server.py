@@ -123,6 +123,7 @@ def test_sigterm_finishes_the_request_in_flight_exits_0_and_frees_the_ports(serv
     t0 = time.monotonic()
     assert server.stop(60) == 0
     slow.join(TIMEOUT)
+    stopped_s = time.monotonic() - t0   # the in-flight batch finished and the server gone, not our check below
     np.testing.assert_array_equal(result["image"], pipe.sample(seeds=[4, 5, 6], sampler="ddim", steps=10))
     assert not any(port_in_use(p) for p in server.ports), server.ports
-    assert time.monotonic() - t0 < 30
+    assert stopped_s < 30
