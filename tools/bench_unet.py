@@ -36,7 +36,9 @@ def bench_ours(weights, precision: str, batch: int, args, backend, tiles: str = 
     launch alone); tiles: "auto" (a tuning file for this GPU and batch where there is one) or
     "builtin" (the built-in tile rules)."""
     t0 = time.perf_counter()
-    ex = GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=TILES[tiles]))
+    shards = getattr(args, "shards", 1)   # > 1 only where asked: an older tree's executor may not take it
+    ex = GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=TILES[tiles]),
+                     **({"shards": shards} if shards > 1 else {}))
     build_s = time.perf_counter() - t0
     cfg = ex.config
     rng = np.random.default_rng(0)
@@ -112,8 +114,14 @@ def main(argv=None) -> int:
                          "rows marked 'tuned'), builtin: the built-in tile rules; both: side by side (default: auto)")
     ap.add_argument("--sms", type=int, default=None, metavar="N",
                     help="run ours and the torch peers on a slice of N SMs (a CUDA green context; default: the whole GPU)")
+    ap.add_argument("--shards", type=int, default=1, metavar="N",
+                    help="our kernels in N modules compiled side by side, as jetson-tune builds them (each "
+                         "kernel's code the same): for runs that compile, e.g. tools.lab.knockout's copies "
+                         "(default: 1, the one module the shipped cubins serve)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
+    if args.shards < 1:
+        ap.error(f"--shards must be at least 1, got {args.shards}")
     rows = []
     print(f"device: {get_backend('cupy').device_name()}  weights: {bench_weights()[1]}")
     print(f"{'impl':40s} {'batch':>5s} {'direct ms':>10s} {'graph ms':>9s} {'img/s':>8s}", flush=True)

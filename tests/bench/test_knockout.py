@@ -120,7 +120,8 @@ def test_summary_gives_each_variant_its_median_saving_against_the_base():
 def test_cli_usage_errors_exit_2_with_one_line():
     in_git = shutil.which("git") is not None and subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
                                                                 capture_output=True).returncode == 0
-    for argv in ([], ["nope"], ["--env", "NOEQUALS"]) + ((["gelu", "--ref", "no-such-rev"],) if in_git else ()):
+    bad = ([], ["nope"], ["--env", "NOEQUALS"], ["gelu", "--shards", "0"])
+    for argv in bad + ((["gelu", "--ref", "no-such-rev"],) if in_git else ()):
         r = subprocess.run([sys.executable, "-m", "tools.lab.knockout", *argv], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 2 and r.stderr.startswith("knockout: ") and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([sys.executable, "-m", "tools.lab.knockout", "--list"], cwd=ROOT, capture_output=True, text=True)
@@ -194,7 +195,8 @@ def test_main_per_op_reads_every_rounds_launch_times(tmp_path, monkeypatch, caps
 
 
 def test_bench_passes_the_slice_to_bench_unet(tmp_path, monkeypatch):
-    """--sms N: every variant's bench_unet runs on an N-SM slice; without it, on the whole GPU."""
+    """--sms N: every variant's bench_unet runs on an N-SM slice; without it, on the whole GPU. Either
+    way its kernels build in jetson-tune's shards (tune.build_shards)."""
     cmds = []
 
     def fake_run(cmd, **kw):
@@ -203,8 +205,13 @@ def test_bench_passes_the_slice_to_bench_unet(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(K.subprocess, "run", fake_run)
+    monkeypatch.setattr(K, "build_shards", lambda: 3)
     for sms in (8, None):
         args = K.argparse.Namespace(batches="4", precision="fp16", iters=10, repeats=1, per_op=0, sms=sms)
         assert K.bench(tmp_path, args, tmp_path / "o.json") == {4: 2.5}
     assert cmds[0][cmds[0].index("--sms") + 1] == "8"
     assert "--sms" not in cmds[1]
+    assert all(c[c.index("--shards") + 1] == "3" for c in cmds)   # the copies compile side by side
+    args = K.argparse.Namespace(batches="4", precision="fp16", iters=10, repeats=1, per_op=0, sms=None, shards=1)
+    K.bench(tmp_path, args, tmp_path / "o.json")
+    assert cmds[-1][cmds[-1].index("--shards") + 1] == "1"   # --shards 1: an old tree's executor

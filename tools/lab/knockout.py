@@ -25,7 +25,9 @@ for a folder holding runtime/ and kernels/ (`git archive HEAD runtime kernels | 
 .device/old`): a whole tree, for a change of kernels and launchers together (the tools stay the
 working tree's). Every
 row is `python -m tools.bench_unet --no-torch` in a fresh process whose working directory is its
-tree, so a copy's own package comes before the installed one (checked before anything is timed),
+tree, so a copy's own package comes before the installed one (checked before anything is timed); its
+kernels are split into one module per core and compiled side by side (`--shards`, as jetson-tune
+builds its candidates: each kernel's code is what one module gives it, only the build is faster);
 and the variants take turns for --rounds rounds (docs/performance.md, Method). Printed last: graph
 ms per variant, batch and round, and each variant's median difference to the working tree ("saves":
 positive when the variant is faster).
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from jetson_unet.errors import UsageError
+from jetson_unet.tune import build_shards
 
 ROOT = Path(__file__).resolve().parents[2]   # the repository: tools/lab/knockout.py
 
@@ -238,6 +241,8 @@ def bench(tree: Path, args: argparse.Namespace, out: Path, env: Sequence[Tuple[s
         cmd += ["--sms", str(args.sms)]   # on a slice of that many SMs (bench_unet --sms)
     if getattr(args, "per_op", 0):
         cmd += ["--per-op", "1"]   # every launch timed alone; per_op_rows reads them from `out`
+    shards = getattr(args, "shards", None) or build_shards()   # the copies have no cubins: compile side by side
+    cmd += ["--shards", str(shards)]
     r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env={**os.environ, **dict(env)})
     if r.returncode != 0:
         raise RuntimeError(f"{tree}: bench_unet failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
@@ -293,6 +298,9 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
     ap.add_argument("--sms", type=int, default=None, metavar="N", help="run every variant on an N-SM slice")
     ap.add_argument("--rounds", type=int, default=2, help="turns each variant takes (default: 2)")
+    ap.add_argument("--shards", type=int, default=None, metavar="N",
+                    help="kernel modules each copy compiles side by side (default: one per core, as jetson-tune; "
+                         "1 for a whole old --ref tree whose executor predates the split)")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--per-op", type=int, default=0, metavar="N",
@@ -314,6 +322,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.variants and not args.ref and not args.env:
         raise UsageError("name at least one knockout, --ref or --env (see --list)")
+    if args.shards is not None and args.shards < 1:
+        raise UsageError(f"--shards must be at least 1, got {args.shards}")
     envs = [env_setting(e) for e in args.env]
     for v in args.variants:
         patches(v)   # unknown names fail before any copy is made
