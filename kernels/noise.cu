@@ -17,6 +17,9 @@
 //     per 32 words and the generator state after the draw.
 //   noise_emit: every other word p is a normal, at output index p - (holes before p).
 // Output: fp32, NCHW order as NumPy fills it, or (C > 0) scattered to NHWC (the executor's x).
+// Images: one launch set draws for several generators at once (a sampler's batch), image j the
+// grid's y index (noise_words, noise_emit) or block (noise_walk): its state st[j], its scratch slot j
+// (slot_groups groups of 32 words, slot_cap specials), its output at out + j * out_stride floats.
 // Exactness: the fast and wedge values are NumPy's float operations (IEEE single, no contraction:
 // __fmul_rn / __fadd_rn). The wedge compares a float with a double exp(), which libms round
 // differently within an ulp: a comparison within 2^window ulps of flipping sets NOISE_AMBIGUOUS
@@ -24,7 +27,8 @@
 // (log1pf_mode 0) or the correctly rounded value through double (mode 1, same ambiguity rule),
 // whichever this host's NumPy was found to use (runtime/gpu/noise_ref.py). A draw that needs more
 // than W words sets NOISE_SHORT. The host reads the flags after a run and redraws on the host.
-// Launch: noise_words ceil(G/128) x 128 (G = W/32), noise_walk 1 x 256, noise_emit ceil(G/8) x 256.
+// Launch (K images): noise_words (ceil(G/128), K) x 128 (G = W/32), noise_walk K x 256, noise_emit
+// (ceil(G/8), K) x 256.
 // Reference: runtime/gpu/noise_ref.py (this algorithm in NumPy) and NumPy itself.
 
 #define NOISE_AMBIGUOUS 1u
@@ -363,9 +367,14 @@ __device__ __forceinline__ void words_group(const NoiseState *st, unsigned *__re
 
 extern "C" __global__ void __launch_bounds__(128) noise_words(const NoiseState *__restrict__ st, unsigned *__restrict__ words,
                                                               unsigned *__restrict__ smask, unsigned *__restrict__ hmask,
-                                                              int groups) {
+                                                              int groups, int slot_groups) {
     const unsigned g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (unsigned)groups) return;
+    const unsigned long long slot = (unsigned long long)blockIdx.y * (unsigned)slot_groups;
+    st += blockIdx.y;
+    words += 32u * slot;
+    smask += slot;
+    hmask += slot;
     unsigned special = 0u;
     if (st->has_uint32) words_group<1>(st, words, g, special);
     else words_group<0>(st, words, g, special);
@@ -474,10 +483,23 @@ extern "C" __global__ void __launch_bounds__(256) noise_walk(NoiseState *__restr
                                                              unsigned *__restrict__ spre, unsigned *__restrict__ hpre,
                                                              unsigned *__restrict__ rp, unsigned *__restrict__ ri,
                                                              unsigned *__restrict__ rv, int groups, int cap, unsigned W,
-                                                             unsigned n, float *__restrict__ out, int C, int hw) {
+                                                             unsigned n, float *__restrict__ out, int C, int hw,
+                                                             int slot_groups, int slot_cap, unsigned long long out_stride) {
     __shared__ unsigned sh[33];
     __shared__ unsigned consumed, flags;
     const unsigned G = (unsigned)groups;
+    const unsigned long long slot = (unsigned long long)blockIdx.x * (unsigned)slot_groups,
+                             rslot = (unsigned long long)blockIdx.x * (unsigned)slot_cap;
+    st += blockIdx.x;
+    words += 32u * slot;
+    smask += slot;
+    hmask += slot;
+    spre += slot;
+    hpre += slot;
+    rp += rslot;
+    ri += rslot;
+    rv += rslot;
+    out += blockIdx.x * out_stride;
     const int mode = st->log1pf_mode, window = st->window;
     // 1. the specials in stream order, each evaluated as an attempt start
     const unsigned S = group_prefix(smask, spre, G, sh);
@@ -528,9 +550,16 @@ extern "C" __global__ void __launch_bounds__(256) noise_emit(const unsigned *__r
                                                              const unsigned *__restrict__ smask,
                                                              const unsigned *__restrict__ hmask,
                                                              const unsigned *__restrict__ hpre, int groups, unsigned n,
-                                                             float *__restrict__ out, int C, int hw) {
+                                                             float *__restrict__ out, int C, int hw, int slot_groups,
+                                                             unsigned long long out_stride) {
     const unsigned g = blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5), lane = threadIdx.x & 31u;
     if (g >= (unsigned)groups) return;
+    const unsigned long long slot = (unsigned long long)blockIdx.y * (unsigned)slot_groups;
+    words += 32u * slot;
+    smask += slot;
+    hmask += slot;
+    hpre += slot;
+    out += blockIdx.y * out_stride;
     const unsigned hm = hmask[g];
     if (((smask[g] | hm) >> lane) & 1u) return;
     const unsigned i = 32u * g + lane - hpre[g] - __popc(hm & ((1u << lane) - 1u));

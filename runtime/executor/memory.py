@@ -23,7 +23,7 @@ from jetson_unet.model.arena import (ALIGN, ArenaPlan, ExtraRegion, activation_e
                                      plan_arena, regions, view_layout)
 from jetson_unet.errors import ArenaError, UsageError
 from jetson_unet.model.plan import CAT, TIME_PROJ, Plan, build_plan
-from jetson_unet.ops.noise import STATE_DTYPE, draw_rows, scratch_sizes
+from jetson_unet.ops.noise import STATE_DTYPE, draw_rows, draw_slots, scratch_sizes
 from jetson_unet.ops.common import ELEM_BYTES, Ctx, OpSpec
 from jetson_unet.ops.specs import op_spec
 
@@ -220,9 +220,10 @@ def sampler_estimate(config: Any, parts: Sequence[MemoryEstimate], batch: int, m
         tables = sampler_tables(c, batch)
         sampler = sum(aligned(v) for v in tables.values())
         pinned += sum(v for k, v in tables.items() if k not in DEVICE_ONLY_TABLES)   # the rest have pinned mirrors
-        if noise == "device":   # one generator per image, their draws sharing one scratch
+        if noise == "device":   # one generator per image, drawing together (a scratch slot each)
             n = c.channels * c.image_size ** 2
-            sampler += regions(scratch_sizes(n, draw_rows(n, c.timesteps), batch))[1]
+            rows = draw_rows(n, c.timesteps, batch)
+            sampler += regions(scratch_sizes(n, rows, batch, draw_slots(n, rows, batch)))[1]
             pinned += 2 * batch * STATE_DTYPE.itemsize   # the states, staged up by seed() and down by flags()
     else:
         sampler = 0

@@ -6,6 +6,8 @@ one or more rows of n normals per draw, enqueued on any stream with no host sync
     dn.seed([s0, .. sB-1], stream)             # PCG64(s_i)'s state for image i, uploaded
     dn.draw(out_ptr, stream, image=i)          # image i's next n fp32 normals, NCHW as NumPy fills them
     dn.draw(out_ptr, stream, rows=5, image=i)  # its next 5 rows at once (= 5 draws, one set of launches)
+    dn.draw(out_ptr, stream, images=B, stride=S)   # every image's next row in one set of launches, image
+                                               # i's at out_ptr + i * S bytes
     dn.draw(x_ptr, stream, nhwc=(C, H * W))    # the same stream scattered to NHWC (the executor's x)
     dn.flags(stream)                           # after the work: 0, or NOISE_* bits (redraw on the host)
     dn.state(stream, image=i)                  # a generator's state as NumPy's state dict
@@ -32,14 +34,22 @@ DRAW_NORMALS = 1 << 20   # the most normals a sampler's generator draws at once 
 STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("inc_hi", "<u8"),
                         ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
                         ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
-__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "draw_rows", "pack_state", "scratch_sizes",
+__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "draw_rows", "draw_slots", "pack_state",
+           "scratch_sizes",
            "unpack_state"]
 
 
-def draw_rows(n: int, timesteps: int) -> int:
-    """Rows of n normals a sampler's generator is sized to draw at once: the sampler's draws double
-    (1, 1, 2, 4, ...), so none is larger than half the rows of a run."""
-    return max(1, min((int(timesteps) + 1) // 2, DRAW_NORMALS // int(n)))
+def draw_rows(n: int, timesteps: int, images: int = 1) -> int:
+    """Rows of n normals each of a sampler's `images` generators is sized to draw at once (they draw
+    together): the sampler's draws double (1, 1, 2, 4, ...), so none is larger than half the rows of
+    a run, and all of them together hold at most DRAW_NORMALS normals (or one row each)."""
+    return max(1, min((int(timesteps) + 1) // 2, DRAW_NORMALS // (int(n) * int(images))))
+
+
+def draw_slots(n: int, rows: int, images: int) -> int:
+    """How many generators draw in one set of launches (each has a scratch slot): all of them, unless
+    their rows of n normals hold more than DRAW_NORMALS together."""
+    return max(1, min(int(images), DRAW_NORMALS // (int(n) * int(rows))))
 
 
 def words_cap(normals: int) -> Tuple[int, int]:
@@ -49,12 +59,13 @@ def words_cap(normals: int) -> Tuple[int, int]:
     return W, max(64, W // 8)
 
 
-def scratch_sizes(n: int, rows: int, images: int = 1) -> dict:
-    """The device scratch of `images` generators drawing up to `rows` rows of n normals per draw (in
-    turn: one scratch, one state each)."""
+def scratch_sizes(n: int, rows: int, images: int = 1, slots: int = 1) -> dict:
+    """The device scratch of `images` generators (a state each) drawing up to `rows` rows of n normals
+    per draw, `slots` of them at once (a scratch slot each)."""
     W, cap = words_cap(rows * n)
-    return {"state": images * STATE_DTYPE.itemsize, "words": 4 * W, "smask": W // 8, "hmask": W // 8, "spre": W // 8,
-            "hpre": W // 8, "rp": 4 * cap, "ri": 4 * cap, "rv": 4 * cap}
+    return {"state": images * STATE_DTYPE.itemsize, "words": slots * 4 * W, "smask": slots * W // 8,
+            "hmask": slots * W // 8, "spre": slots * W // 8, "hpre": slots * W // 8, "rp": slots * 4 * cap,
+            "ri": slots * 4 * cap, "rv": slots * 4 * cap}
 
 
 def pack_state(state: dict, mode: int, window: int) -> np.ndarray:
@@ -76,22 +87,26 @@ def unpack_state(a: np.ndarray) -> dict:
 
 
 class DeviceNoise:
-    """`images` generators (one per image: the spec's per-image streams) and one scratch for rows of
-    n normals, which their draws share in turn. Raises NoiseUnsupported (from
-    noise_ref.numpy_noise_mode) when this NumPy draws another stream."""
+    """`images` generators (one per image: the spec's per-image streams) and `slots` scratch slots for
+    rows of n normals: a draw for several images is one set of launches per `slots` of them (default:
+    draw_slots). Raises NoiseUnsupported (from noise_ref.numpy_noise_mode) when this NumPy draws
+    another stream."""
 
     window_log2 = WINDOW_LOG2    # test hook: a wide window flags most draws (exercises the host redraw)
 
     def __init__(self, backend: Backend, n: int, module: Module, rows: int = 1, graphs: bool = False,
-                 images: int = 1) -> None:
+                 images: int = 1, slots: Optional[int] = None) -> None:
         self.mode, self.exact = numpy_noise_mode()
         if not 1 <= n * rows < 1 << 30:
             raise ValueError(f"device noise draws hold 1 .. 2^30 normals, got {rows} rows of {n}")
         self.backend, self.n, self.rows, self.images = backend, int(n), int(rows), int(images)
+        self.slots = draw_slots(self.n, self.rows, self.images) if slots is None else max(1, min(int(slots), self.images))
         self.W, self.cap = words_cap(self.n)         # one row's draw (a test hook: a test may shrink W)
         self.groups = self.W // 32
+        W, self._slot_cap = words_cap(self.rows * self.n)   # a slot holds the largest draw
+        self._slot_groups = W // 32
         self._fn = {k: module.get(k) for k in KERNELS}
-        offs, total = regions(scratch_sizes(self.n, self.rows, self.images))   # the largest draw
+        offs, total = regions(scratch_sizes(self.n, self.rows, self.images, self.slots))
         self._buf = backend.alloc(total)
         self.nbytes = total
         self.ptr = {k: np.uint64(self._buf.ptr + o) for k, o in offs.items()}
@@ -118,43 +133,52 @@ class DeviceNoise:
         return W, W // 32, cap
 
     def draw(self, out_ptr: int, stream: Any, nhwc: Optional[Tuple[int, int]] = None, rows: int = 1,
-             image: int = 0) -> None:
-        """Enqueue the next rows * n normals of image `image`'s generator into out (fp32): NCHW, or
-        NHWC when nhwc = (channels, pixels). One draw of k rows is the stream of k draws of one row
-        (the generator's buffered half-word carries over either way) in one set of launches, whose
-        cost is mostly fixed."""
+             image: int = 0, images: int = 1, stride: int = 0) -> None:
+        """Enqueue the next rows * n normals of each of the generators image .. image + images - 1,
+        generator image + j's into out_ptr + j * stride bytes (fp32): NCHW, or NHWC when nhwc =
+        (channels, pixels). One draw of k rows is the stream of k draws of one row (the generator's
+        buffered half-word carries over either way). A draw's cost is mostly fixed: its rows and its
+        images (`slots` at a time) share one set of launches."""
         c, hw = nhwc or (0, 0)
         if not 1 <= rows <= self.rows:
             raise ValueError(f"a draw of {rows} rows from a generator sized for 1 .. {self.rows}")
-        if not 0 <= image < self.images:
-            raise ValueError(f"image {image} of {self.images} generators")
+        if not (images >= 1 and 0 <= image and image + images <= self.images):
+            raise ValueError(f"images {image} .. {image + images - 1} of {self.images} generators")
+        if images > 1 and (stride % 4 or stride < 4 * rows * self.n):
+            raise ValueError(f"images {stride} bytes apart overlap or are not whole floats ({rows} rows of {self.n})")
         if c and self.n % (c * hw):
             raise ValueError(f"{self.n} normals are not whole images of {c} x {hw}")
         if self._graphs is not None:
-            key = (int(out_ptr), c, hw, rows, image)
+            key = (int(out_ptr), c, hw, rows, image, images, stride)
             g = self._graphs.get(key)
             if g is None:
                 self.backend.capture_begin(stream)
-                self._launch(out_ptr, stream, c, hw, rows, image)
+                self._launches(out_ptr, stream, c, hw, rows, image, images, stride)
                 g = self._graphs[key] = self.backend.capture_end(stream)
             g.launch(stream)
         else:
-            self._launch(out_ptr, stream, c, hw, rows, image)
+            self._launches(out_ptr, stream, c, hw, rows, image, images, stride)
 
-    def _launch(self, out_ptr: int, stream: Any, c: int, hw: int, rows: int, image: int) -> None:
+    def _launches(self, out_ptr: int, stream: Any, c: int, hw: int, rows: int, image: int, images: int,
+                  stride: int) -> None:
+        for j in range(0, images, self.slots):
+            self._launch(out_ptr + j * stride, stream, c, hw, rows, image + j, min(self.slots, images - j), stride)
+
+    def _launch(self, out_ptr: int, stream: Any, c: int, hw: int, rows: int, image: int, k: int, stride: int) -> None:
+        """Generators image .. image + k - 1 (k <= slots) in one set of launches."""
         W, groups, cap = self._sizes(rows)
-        p, G = self.ptr, np.int32(groups)
+        p, G, SG = self.ptr, np.int32(groups), np.int32(self._slot_groups)
         state = np.uint64(int(p["state"]) + image * STATE_DTYPE.itemsize)
-        out, layout = np.uint64(out_ptr), (np.int32(c), np.int32(hw))
-        self._fn["noise_words"].launch((-(-groups // 128), 1, 1), (128, 1, 1),
-                                       (state, p["words"], p["smask"], p["hmask"], G), 0, stream)
-        self._fn["noise_walk"].launch((1, 1, 1), (256, 1, 1),
+        out, layout, ostride = np.uint64(out_ptr), (np.int32(c), np.int32(hw)), np.uint64(stride // 4)
+        self._fn["noise_words"].launch((-(-groups // 128), k, 1), (128, 1, 1),
+                                       (state, p["words"], p["smask"], p["hmask"], G, SG), 0, stream)
+        self._fn["noise_walk"].launch((k, 1, 1), (256, 1, 1),
                                       (state, p["words"], p["smask"], p["hmask"], p["spre"], p["hpre"], p["rp"],
                                        p["ri"], p["rv"], G, np.int32(cap), np.uint32(W), np.uint32(rows * self.n),
-                                       out) + layout, 0, stream)
-        self._fn["noise_emit"].launch((-(-groups // 8), 1, 1), (256, 1, 1),
+                                       out) + layout + (SG, np.int32(self._slot_cap), ostride), 0, stream)
+        self._fn["noise_emit"].launch((-(-groups // 8), k, 1), (256, 1, 1),
                                       (p["words"], p["smask"], p["hmask"], p["hpre"], G, np.uint32(rows * self.n),
-                                       out) + layout, 0, stream)
+                                       out) + layout + (SG, ostride), 0, stream)
 
     def _read(self, stream: Any) -> np.ndarray:
         self.backend.d2h(self._down, int(self.ptr["state"]), stream)

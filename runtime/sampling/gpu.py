@@ -255,11 +255,11 @@ class GpuSampler:
         # n_steps = T, not a run's step count: the graph serves every run
         self._step = StepTables(o["noise"], o["cur"], o["counter"], o["t_of_step"], o["coef"], o["noise_row"], T,
                                 o["hist"], T)
-        if self.noise == "device":   # one generator per image (the spec's streams), one shared scratch
+        if self.noise == "device":   # one generator per image (the spec's streams), drawing together
             n_img = self.image_elems
             try:
-                self._dnoise = DeviceNoise(be, n_img, ex.kernels.module, rows=draw_rows(n_img, T), graphs=self.graphs,
-                                           images=self.batch)
+                self._dnoise = DeviceNoise(be, n_img, ex.kernels.module, rows=draw_rows(n_img, T, self.batch),
+                                           graphs=self.graphs, images=self.batch)
             except NoiseUnsupported as e:
                 log.info("%s; drawing the noise on the host", e)
                 self.noise = "host"

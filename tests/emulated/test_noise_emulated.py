@@ -24,12 +24,12 @@ EMU = Path(__file__).parent / "emu"
 
 # the kernels' parameter lists, as noise.cu declares them
 PARAMS = {
-    "noise_words": "const NoiseState *a0, unsigned *a1, unsigned *a2, unsigned *a3, int a4",
+    "noise_words": "const NoiseState *a0, unsigned *a1, unsigned *a2, unsigned *a3, int a4, int a5",
     "noise_walk": "NoiseState *a0, const unsigned *a1, const unsigned *a2, unsigned *a3, unsigned *a4, unsigned *a5, "
                   "unsigned *a6, unsigned *a7, unsigned *a8, int a9, int a10, unsigned a11, unsigned a12, float *a13, "
-                  "int a14, int a15",
+                  "int a14, int a15, int a16, int a17, unsigned long long a18",
     "noise_emit": "const unsigned *a0, const unsigned *a1, const unsigned *a2, const unsigned *a3, int a4, unsigned a5, "
-                  "float *a6, int a7, int a8",
+                  "float *a6, int a7, int a8, int a9, unsigned long long a10",
 }
 EXTRA = r"""
 extern "C" void emu_log1pf(const float *x, float *out, unsigned char *amb, long count, int mode, int window) {
@@ -76,9 +76,9 @@ class EmuFunction:
         self.fn, self.symbol = getattr(lib, "emu_" + symbol), symbol
 
     def launch(self, grid, block, args, shared_mem=0, stream=None) -> None:
-        assert grid[1:] == (1, 1) and block[1:] == (1, 1) and shared_mem == 0
+        assert grid[2] == 1 and block[1:] == (1, 1) and shared_mem == 0
         cargs = [self.CTYPES[type(a)](int(a)) for a in args]
-        self.fn(ctypes.c_int(grid[0]), ctypes.c_int(1), ctypes.c_int(1), ctypes.c_int(block[0]), *cargs)
+        self.fn(ctypes.c_int(grid[0]), ctypes.c_int(grid[1]), ctypes.c_int(1), ctypes.c_int(block[0]), *cargs)
 
 
 class EmuModule:
@@ -124,8 +124,8 @@ def bits_equal(got: np.ndarray, want: np.ndarray, label: str) -> None:
 def noise(lib):
     made = []
 
-    def make(n: int, rows: int = 1, images: int = 1) -> DeviceNoise:
-        dn = DeviceNoise(EmuBackend(), n, EmuModule(lib), rows=rows, images=images)
+    def make(n: int, rows: int = 1, images: int = 1, slots=None) -> DeviceNoise:
+        dn = DeviceNoise(EmuBackend(), n, EmuModule(lib), rows=rows, images=images, slots=slots)
         made.append(dn)
         return dn
     yield make
@@ -197,17 +197,47 @@ def test_one_generator_per_image(noise, n):
         dn.draw(out.ctypes.data, s, image=3)
 
 
-def test_per_image_nhwc_x_t_into_its_part_of_the_batch(noise):
-    """The sampler's x_T: image i drawn by its own generator, NHWC, into x + i * C*H*W."""
+@pytest.mark.parametrize("slots", [3, 2])
+def test_per_image_nhwc_x_t_into_its_part_of_the_batch(noise, slots):
+    """The sampler's x_T: image i drawn by its own generator, NHWC, into x + i * C*H*W, every image in
+    one draw (slots 2: two sets of launches for the three)."""
     b, c, hw = 3, 3, 25
-    dn, s = noise(c * hw, images=b), Stream()
+    dn, s = noise(c * hw, images=b, slots=slots), Stream()
     dn.seed([4, 8, 1], s)
     out = out_buffer(b * c * hw)
-    for i in range(b):
-        dn.draw(out.ctypes.data + 4 * i * c * hw, s, nhwc=(c, hw), image=i)
+    dn.draw(out.ctypes.data, s, nhwc=(c, hw), images=b, stride=4 * c * hw)
     want = np.stack([np.random.Generator(np.random.PCG64(k)).standard_normal((c, hw), dtype=np.float32)
                      for k in (4, 8, 1)])
     bits_equal(out, np.ascontiguousarray(want.transpose(0, 2, 1)).reshape(-1), "per-image nhwc")
+
+
+@pytest.mark.parametrize("slots", [4, 3])
+def test_a_draw_for_several_images_is_each_images_stream(noise, slots):
+    """The sampler's rows: images 1 .. 3 of 4 in one draw of k rows each, image j's into its own rows
+    (a gap between them left as it was); image 0 drawn alone in between; every generator's stream
+    and state its own (slots 3 of 4: all three in one set of launches; then in two)."""
+    n, T, seeds = 37, 7, [3, 11, 2 ** 62, 0]
+    dn, s = noise(n, rows=3, images=4, slots=slots), Stream()
+    dn.seed(seeds, s)
+    rngs = [np.random.Generator(np.random.PCG64(k)) for k in seeds]
+    for rows in (1, 3, 2):
+        out = out_buffer(3 * T * n)
+        dn.draw(out.ctypes.data, s, rows=rows, image=1, images=3, stride=4 * T * n)
+        for j in range(3):
+            part = out[j * T * n:(j + 1) * T * n]
+            bits_equal(part[:rows * n], rngs[1 + j].standard_normal(rows * n, dtype=np.float32),
+                       f"image {1 + j} rows {rows}")
+            assert np.isnan(part[rows * n:]).all(), f"image {1 + j}: written past its rows"
+        alone = out_buffer(n)
+        dn.draw(alone.ctypes.data, s, image=0)
+        bits_equal(alone, rngs[0].standard_normal(n, dtype=np.float32), "image 0")
+    for i, g in enumerate(rngs):
+        assert dn.state(s, image=i) == g.bit_generator.state, f"image {i}: state"
+    assert dn.flags(s) == 0
+    with pytest.raises(ValueError, match="images 2 .. 4 of 4"):
+        dn.draw(out.ctypes.data, s, image=2, images=3, stride=4 * T * n)
+    with pytest.raises(ValueError, match="overlap"):
+        dn.draw(out.ctypes.data, s, rows=2, images=2, stride=4 * n)
 
 
 def test_wide_ambiguity_window_raises_the_flag(noise, monkeypatch):

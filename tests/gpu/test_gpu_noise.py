@@ -1,8 +1,8 @@
 """Device noise (kernels/noise.cu through jetson_unet.ops.noise.DeviceNoise) on the GPU against NumPy's
 standard_normal(float32): rows bit for bit at batch 1 and 16 sizes for several seeds, 100
 consecutive rows, NaN-poisoned outputs, NHWC, the generator state after them, flags clear, draws
-replayed as CUDA graphs; one generator per image (the spec's per-image streams) sharing one
-scratch; the ambiguity hook raises the flag; the sampler's device noise gives the host noise's
+replayed as CUDA graphs; one generator per image (the spec's per-image streams), drawn one at a time
+or all in one draw; the ambiguity hook raises the flag; the sampler's device noise gives the host noise's
 images, also when a flagged run is redrawn on the host."""
 from __future__ import annotations
 
@@ -152,6 +152,45 @@ def test_one_generator_per_image(backend, module, graphs):
                 want = gens[image].standard_normal(rows * IMAGE, dtype=np.float32)
                 assert_bits(np.array(host[:rows]).reshape(-1), want, f"seeds {seeds} image {image} rows {rows}")
             for i, g in enumerate(gens):
+                assert dn.state(s, image=i) == g.bit_generator.state, f"seeds {seeds} image {i}: state"
+            assert dn.flags(s) == 0
+    finally:
+        dn.close()
+        buf.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("slots", [6, 4])
+def test_a_draw_for_the_batch_is_each_images_stream(backend, module, graphs, slots):
+    """The sampler's draws: every image's next rows in one draw (slots 4 of 6: two sets of launches),
+    image i's into its own rows [B][T][CHW] (the row after them left poisoned), each its own stream
+    and state, graph replays included."""
+    B, T = 6, 3
+    dn = DeviceNoise(backend, IMAGE, module, rows=2, graphs=graphs, images=B, slots=slots)
+    s, buf = backend.stream(), backend.alloc(4 * B * T * IMAGE)
+    host = backend.pinned((B, T, IMAGE), np.float32)
+    try:
+        for seeds in ([1, 2, 3, 4, 5, 6], [6, 0, 2 ** 63 - 1, 6, 9, 3]):
+            dn.seed(seeds, s)
+            gens = [np.random.Generator(np.random.PCG64(k)) for k in seeds]
+            host[...] = np.nan
+            backend.h2d(buf.ptr, host, s)
+            dn.draw(buf.ptr, s, nhwc=(3, 64 * 64), images=B, stride=4 * T * IMAGE)          # x_T into row 0
+            dn.draw(buf.ptr + 4 * IMAGE, s, rows=1, images=B, stride=4 * T * IMAGE)         # row 1
+            backend.d2h(host, buf.ptr, s)
+            s.synchronize()
+            for i, g in enumerate(gens):
+                want = g.standard_normal((3, 64 * 64), dtype=np.float32).T.reshape(-1)
+                assert_bits(np.array(host[i, 0]), np.ascontiguousarray(want), f"seeds {seeds} x_T of image {i}")
+                assert_bits(np.array(host[i, 1]), g.standard_normal(IMAGE, dtype=np.float32), f"image {i} row 1")
+                assert np.isnan(host[i, 2]).all(), f"image {i}: row 2 written"
+            dn.draw(buf.ptr + 4 * IMAGE, s, rows=2, images=B, stride=4 * T * IMAGE)         # rows 1, 2
+            backend.d2h(host, buf.ptr, s)
+            s.synchronize()
+            for i, g in enumerate(gens):
+                want = g.standard_normal(2 * IMAGE, dtype=np.float32)
+                assert_bits(np.array(host[i, 1:]).reshape(-1), want, f"seeds {seeds} image {i} rows 1-2")
                 assert dn.state(s, image=i) == g.bit_generator.state, f"seeds {seeds} image {i}: state"
             assert dn.flags(s) == 0
     finally:

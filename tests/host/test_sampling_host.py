@@ -119,14 +119,16 @@ def test_gpu_mode_uploads_noise_in_spec_order(seeds):
 
 
 def noise_launches(be: FakeBackend) -> list:
-    """(kernel, output pointer, layout, index, normals, generator state pointer) of every noise draw
-    and the index of each step's final_conv (which takes the sampling step)."""
+    """("draw", output pointer, layout, index, normals, first generator's state pointer, images, output
+    stride in floats) of every noise draw and ("step", .., index) of each step's final_conv (which takes
+    the sampling step)."""
     out, state = [], None
     for i, (sym, grid, block, args, smem) in enumerate(be.launches):
         if sym == "noise_words":   # (state, words, ..)
             state = int(args[0])
-        elif sym == "noise_emit":   # (.., normals, out, C, hw)
-            out.append(("draw", int(args[6]), (int(args[7]), int(args[8])), i, int(args[5]), state))
+        elif sym == "noise_emit":   # (.., normals, out, C, hw, slot groups, out stride); grid y: images
+            out.append(("draw", int(args[6]), (int(args[7]), int(args[8])), i, int(args[5]), state, grid[1],
+                        int(args[10])))
         elif sym.startswith("final_conv") and int(args[8]):   # the U-Net's last kernel, taking the step
             out.append(("step", None, None, i))
     return out
@@ -142,25 +144,22 @@ def test_device_noise_draws_x_t_then_each_row_before_its_step(monkeypatch):
     state0 = int(s._dnoise.ptr["state"])
     log = noise_launches(be)
     draws = [e for e in log if e[0] == "draw"]
-    for i in range(2):   # image i's x_T, from its own generator, into its part of the NHWC input
-        assert draws[i][1:3] == (ex.x_ptr + 4 * n * i, (3, 256)), "x_T goes straight into the executor's NHWC input"
-        assert draws[i][4] == n and draws[i][5] == state0 + i * STATE_DTYPE.itemsize, f"image {i}"
-    rows = draws[2:]
+    # both images' x_T in one set of launches, image i's from its own generator into its part of the NHWC input
+    assert draws[0][1:3] == (ex.x_ptr, (3, 256)), "x_T goes straight into the executor's NHWC input"
+    assert draws[0][4:] == (n, state0, 2, n), "one draw for both images, one image apart"
+    rows = draws[1:]
     noisy = [k for k, st in enumerate(steps) if st.sigma > 0]
     assert all(d[4] % n == 0 for d in rows) and all(d[2] == (0, 0) for d in rows)
+    assert all(d[5:] == (state0, 2, n * T) for d in rows), "every draw for both images, image-major rows"
     sizes = [d[4] // n for d in rows]
-    assert sizes[0::2] == sizes[1::2], "every draw for both images"
-    assert [d[5] - state0 for d in rows] == [i * STATE_DTYPE.itemsize for _ in sizes[0::2] for i in range(2)]
-    sizes = sizes[0::2]
     assert len(noisy) == 9 and sizes == [1, 1, 2, 4, 1], "rows in draws of doubling size"
     starts = np.cumsum([0] + sizes[:-1])
-    assert [d[1] for d in rows] == [s._off["noise"] + 4 * n * (i * T + int(r)) for r in starts for i in range(2)], \
+    assert [d[1] for d in rows] == [s._off["noise"] + 4 * n * int(r) for r in starts], \
         "image-major rows: image i's row r at (i * T + r) * CHW"
     step_at = [e[3] for e in log if e[0] == "step"]
     for r, k in enumerate(noisy):
         g = int(np.searchsorted(starts, r, side="right")) - 1
-        for i in range(2):
-            assert rows[2 * g + i][3] < step_at[k], f"image {i}'s row {r} is drawn after step {k} that reads it"
+        assert rows[g][3] < step_at[k], f"row {r} is drawn after step {k} that reads it"
     assert s._host_noise is None, "no pinned host rows in device mode"
     s.close()
 
