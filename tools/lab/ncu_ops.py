@@ -4,6 +4,7 @@ those (on a Jetson as on a workstation):
     ncu --nvtx --nvtx-include "ops/" --section SpeedOfLight --section WarpStateStats \\
         python3 -m tools.lab.ncu_ops --batch 16 --ops ups.3.block1.conv1 downs.0.block1.ds_conv
     python3 -m tools.lab.ncu_ops --batch 1 --list      # the op names, kernels and grids
+    python3 -m tools.lab.ncu_ops --batch 1 --sms 8 --ops mid.block1.conv1   # on an 8-SM slice
 
 The executor first runs one whole call (every input of the chosen ops is then real data, and every
 kernel is loaded), then launches each chosen op once inside the range "ops". --tiles uses that tuning
@@ -31,8 +32,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", nargs="*", default=[], help="tensor names of the ops to launch")
     ap.add_argument("--list", action="store_true", help="print every op's kernel and grid, launch nothing")
     ap.add_argument("--tiles", default="", help="a tuning file for this precision, batch and GPU")
+    ap.add_argument("--sms", type=int, default=None, metavar="N",
+                    help="run on a slice of N SMs (a CUDA green context), with the tiles for N SMs")
     args = ap.parse_args(argv)
-    backend = get_backend("cupy")
+    if args.sms is not None and args.sms < 1:
+        raise UsageError(f"--sms takes a positive SM count, got {args.sms}")
+    backend = get_backend("cupy", args.sms)
     weights, _ = bench_weights()
     policy = KernelPolicy(tiles=args.tiles or None)   # a file: checked against this precision, batch and GPU
     with GpuExecutor(weights, args.precision, batch=args.batch, backend=backend, policy=policy) as ex:
