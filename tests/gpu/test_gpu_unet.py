@@ -8,13 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from tests.helpers.gpu import pipelined_symbols, replayed_eps, report
+from tests.helpers.gpu import gemm_tiles, pipelined_symbols, replayed_eps, report
 from jetson_unet.paths import models_dir, shipped_tiles_dir
 from jetson_unet.model.config import UNetConfig
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.model.arena import view_layout
-from jetson_unet.ops.common import Ctx, TileChoice, cdiv
-from jetson_unet.ops.keys import ConvKey
+from jetson_unet.ops.common import Ctx
 from jetson_unet.ops.policy import KernelPolicy
 from jetson_unet.ops.tuning import builtin_tiles
 from jetson_unet.model.plan import build_plan
@@ -170,17 +169,3 @@ def test_pipelined_conv_matches_conv_gemm_at_batch_16(backend, case, precision):
     assert err < UNET_TOL[precision]
 
 
-def gemm_tiles(ex) -> dict:
-    """Every GEMM conv and gate of `ex` on conv_gemm: its tile without stages (BK 32, no k slices), at
-    most 128 rows and 4 warps (a row tile of 4 x 64 pixels is 256 rows of 8 warps, more than conv_gemm's
-    static shared memory and copy split hold), its split-K kept."""
-    out = {}
-    for s in ex.specs:
-        k = s.key
-        if isinstance(k, ConvKey):
-            splits = s.grid[0] // cdiv(ex.plan.tensors[s.op.out].size ** 2, k.bm)
-            bm, wm = min(k.bm, 128), k.wm
-            while wm * k.wn > 4 and wm > 1:   # 4 warps: an 8-warp row tile's B copies do not split over 256 threads
-                wm //= 2
-            out[s.op.out] = TileChoice(bm, k.bn, min(wm, bm // 16), k.wn, 32, 0, splits=splits)
-    return out

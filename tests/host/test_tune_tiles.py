@@ -15,10 +15,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.helpers.fakes import FakeBackend
+from tests.helpers.gpu import gemm_tiles, pipelined_symbols
 from jetson_unet import tune
 from jetson_unet.build.loader import KernelSet
 from jetson_unet.errors import ConfigError
 from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.paths import shipped_tiles_dir
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import build_plan
 from jetson_unet.model.weights import load_weights
@@ -445,3 +447,19 @@ def test_builtin_bm_is_below_twice_a_samples_rows(batch, sms):
                                                    (6, 100 << 20, 1), (2, None, 2), (1, 64 << 30, 1)])
 def test_build_shards_follow_the_cores_and_the_memory(cpus, available, want):
     assert tune.build_shards(cpus, available) == want
+
+
+SHIPPED_TILES = shipped_tiles_dir()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SHIPPED_TILES.glob("*-fp16-b*.json")))
+def test_shipped_tiles_map_to_conv_gemm_tiles(weights, name):
+    """The GPU suite holds each shipped file's cp.async convs to conv_gemm on the same ops
+    (tests/gpu/test_gpu_unet.py, through tests.helpers.gpu.gemm_tiles): every tile it maps them to
+    must be one conv_gemm instantiates, and none may stay on the cp.async conv."""
+    sms, batch = re.search(r"-(\d+)sm-fp16-b(\d+)\.json$", name).groups()
+    be = FakeBackend(arch=90, sms=int(sms), free=64 << 30)
+    with GpuExecutor(weights, "fp16", batch=int(batch), backend=be, policy=KernelPolicy(tiles=SHIPPED_TILES / name)) as ex:
+        tiles = gemm_tiles(ex)
+    with GpuExecutor(weights, "fp16", batch=int(batch), backend=be, policy=KernelPolicy(tiles=tiles)) as ex:
+        assert not pipelined_symbols(ex)
