@@ -35,8 +35,7 @@ STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("i
                         ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
                         ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
 __all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "draw_rows", "draw_slots", "pack_state",
-           "scratch_sizes",
-           "unpack_state"]
+           "scratch_sizes", "unpack_state"]
 
 
 def draw_rows(n: int, timesteps: int, images: int = 1) -> int:
@@ -100,7 +99,8 @@ class DeviceNoise:
         if not 1 <= n * rows < 1 << 30:
             raise ValueError(f"device noise draws hold 1 .. 2^30 normals, got {rows} rows of {n}")
         self.backend, self.n, self.rows, self.images = backend, int(n), int(rows), int(images)
-        self.slots = draw_slots(self.n, self.rows, self.images) if slots is None else max(1, min(int(slots), self.images))
+        self.slots = (draw_slots(self.n, self.rows, self.images) if slots is None
+                      else max(1, min(int(slots), self.images)))
         self.W, self.cap = words_cap(self.n)         # one row's draw (a test hook: a test may shrink W)
         self.groups = self.W // 32
         W, self._slot_cap = words_cap(self.rows * self.n)   # a slot holds the largest draw

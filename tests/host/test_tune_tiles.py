@@ -459,7 +459,8 @@ def test_shipped_tiles_map_to_conv_gemm_tiles(weights, name):
     must be one conv_gemm instantiates, and none may stay on the cp.async conv."""
     sms, batch = re.search(r"-(\d+)sm-fp16-b(\d+)\.json$", name).groups()
     be = FakeBackend(arch=90, sms=int(sms), free=64 << 30)
-    with GpuExecutor(weights, "fp16", batch=int(batch), backend=be, policy=KernelPolicy(tiles=SHIPPED_TILES / name)) as ex:
+    policy = KernelPolicy(tiles=SHIPPED_TILES / name)
+    with GpuExecutor(weights, "fp16", batch=int(batch), backend=be, policy=policy) as ex:
         tiles = gemm_tiles(ex)
     with GpuExecutor(weights, "fp16", batch=int(batch), backend=be, policy=KernelPolicy(tiles=tiles)) as ex:
         assert not pipelined_symbols(ex)
