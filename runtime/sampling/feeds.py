@@ -62,9 +62,9 @@ class DeviceFeed:
 
     def __init__(self, sampler: Any, seeds: Sequence[int], n_rows: int, s0: Any) -> None:
         be, ex, c, dn = sampler.backend, sampler.executors[0], sampler.config, sampler._dnoise
-        dn.seed(seeds, sampler.side)   # image i's x_T into its part of the NHWC input
+        dn.seed(seeds, sampler.side)
         dn.draw(ex.x_ptr, sampler.side, nhwc=(c.channels, c.image_size ** 2), images=sampler.batch,
-                stride=4 * sampler.image_elems)
+                stride=4 * sampler.image_elems)   # image i's x_T into its part of the NHWC input
         ev = be.event(timing=False)
         ev.record(sampler.side)
         be.wait(s0, ev)
