@@ -239,10 +239,10 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
 // <= 32 accumulators per thread: 4 warps at 168 (3 CTAs per SM; at 128 ptxas spilled a few bytes,
 // and the halo's shared memory admits 2-4 CTAs per SM anyway), 8 warps at 128 (2 CTAs per SM).
 #define HALO_MIN_CTAS(BM, BN, WM, WN) ((BM) * (BN) <= 1024 * (WM) * (WN) ? ((WM) * (WN) <= 4 ? 3 : 2) : 1)
-#define CONV_HALO_INSTANCE(name, D, BM, BN, BK, WM, WN, UP, STAGES, FOLD)                         \
+#define CONV_HALO_INSTANCE(name, D, BM, BN, BK, WM, WN, UP, STAGES, FOLD, F)                      \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, HALO_MIN_CTAS(BM, BN, WM, WN))         \
         name(CONV_PARAMS) {                                                                      \
-        conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES, FOLD>(CONV_ARGS);                      \
+        conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES, FOLD>(CONV_FEATURE_ARGS(F));           \
     }
 
 // ---- the row-tile halo conv (conv_gemm_halo_rows, ConvKey.rows) ---------------------------------
@@ -419,7 +419,7 @@ __device__ __forceinline__ void conv_gemm_halo_rows(CONV_PARAMS) {
 // Symbols end in _r<STAGES>. Register cap: 8 or more warps 128 (16 warps per SM), fewer 168 (as the
 // GEMM-tile halo conv's 4-warp tiles: at 128, ptxas spilled up to 100 bytes on sm_87).
 #define ROWS_MIN_CTAS(WM, WN) ((WM) * (WN) >= 8 ? 16 / ((WM) * (WN)) : 12 / ((WM) * (WN)))
-#define CONV_HALO_ROWS_INSTANCE(name, D, BM, BN, WM, WN, STAGES, FOLD)                              \
+#define CONV_HALO_ROWS_INSTANCE(name, D, BM, BN, WM, WN, STAGES, FOLD, F)                           \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, ROWS_MIN_CTAS(WM, WN)) name(CONV_PARAMS) {  \
-        conv_gemm_halo_rows<D, BM, BN, WM, WN, STAGES, FOLD>(CONV_ARGS);                          \
+        conv_gemm_halo_rows<D, BM, BN, WM, WN, STAGES, FOLD>(CONV_FEATURE_ARGS(F));               \
     }

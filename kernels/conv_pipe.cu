@@ -427,8 +427,8 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 // alone, ptxas lands a few registers above, which costs a CTA per SM (measured: the 128x32 tile
 // at 134 registers ran 17% slower than at 128).
 #define PIPE_MIN_CTAS(BM, BN, WM, WN, KS) ((BM) * (BN) <= 1024 * (WM) * (WN) ? 16 / ((WM) * (WN) * (KS)) : 1)
-#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD)           \
+#define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD, F)        \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, KS))     \
         name(CONV_PARAMS) {                                                                                \
-        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_ARGS);         \
+        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_FEATURE_ARGS(F)); \
     }

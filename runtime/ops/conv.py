@@ -17,8 +17,8 @@ from jetson_unet.ops.conv_pipe import (PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring,
                                        pipelined, with_pipeline)
 from jetson_unet.ops.tiles import choose_bk, choose_splits, choose_tile
 from jetson_unet.errors import ConfigError
-from jetson_unet.ops.keys import ConvKey
-from jetson_unet.model.plan import Op
+from jetson_unet.ops.keys import FEATURES, ConvKey
+from jetson_unet.model.plan import Op, Plan
 
 
 GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, last, epilogue operands)
@@ -209,7 +209,57 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
         key = subpixel(key, op, ctx, dyn)
     if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"]):
         key = dataclasses.replace(key, fold=True)
-    return key
+    nks = gemm_k_tiles(op, ctx, key)
+    has = {"g": op.act == "gelu", "t": bool(op.tbias), "n": bool(op.norm), "k": len(nks) > 1,
+           "r": bool(op.residual) and not xr}
+    return with_features(key, op, ctx, has, ot.size * ot.size, ot.channels, sum(nks))
+
+
+def gemm_k_tiles(op: Op, ctx: Ctx, key: ConvKey) -> List[int]:
+    """The k-tile counts of the GEMM's K segments, as gemm_blobs packs them (pack_gemm, pack_subpixel),
+    from the shapes alone: the op's weights (K = Cin x taps; a sub-pixel class 4 Cin), then the
+    residual's rows (K = its channels) where it joins as a second segment."""
+    w = np.shape(ctx.params[op.prefix + ".weight"])
+    if key.subpixel:
+        return [cdiv(4 * w[1], key.bk)]
+    xr = k_residual(op)
+    ks = [int(np.prod(w[1:]))] + ([ctx.plan.tensors[xr].channels] if xr else [])
+    return [cdiv(k, key.bk) for k in ks]
+
+
+def emits_stats(op: Op, plan: Plan) -> bool:
+    """Whether a consumer normalizes op's output, so that op writes its GroupNorm partials (st_part)."""
+    return any(o.norm and o.x == op.out for o in plan.ops)
+
+
+def op_splits(key: ConvKey, ctx: Ctx, name: str, mtiles: int, ntiles: int, nk: int) -> int:
+    """The op's split-K factor: its tuned one, else choose_splits' for the batch its tiles are chosen
+    for (the halo conv's row tiles have none)."""
+    t = ctx.tiles.get(name)
+    if key.rows:
+        return 1
+    if t and t.splits:
+        return min(t.splits, nk)
+    return choose_splits(nk, mtiles * ntiles * (ctx.tile_batch or ctx.batch), ctx.sms)
+
+
+def with_features(key: ConvKey, op: Op, ctx: Ctx, has: Dict[str, bool], m: int, n: int, nk: int) -> ConvKey:
+    """`key` for the op's features (keys.FEATURES): `has`, the statistics and split-K. A split-K op
+    gets every feature (the generic kernel): folded, 3 of the tuner's split-K tiles spilled 8-36
+    bytes on sm_87, for 1% of a batch-1 call on an 8-SM slice (docs/kernels.md, "Op features")."""
+    if op_splits(key, ctx, op.out, cdiv(m, key.bm), cdiv(n, key.bn), nk) > 1:
+        return dataclasses.replace(key, feat=FEATURES)
+    has = dict(has, s=emits_stats(op, ctx.plan), p=False)
+    return dataclasses.replace(key, feat="".join(c for c in FEATURES if has[c]))
+
+
+def check_features(key: ConvKey, name: str, nks: Sequence[int], splits: int) -> None:
+    """The packed K segments and the split-K of an op's spec agree with the features its key was
+    compiled for (a mismatch would run the wrong code: an internal error, never a user's)."""
+    seg1 = len(nks) > 1 and nks[1] > 0
+    if ("p" in key.feat) != (splits > 1) or (splits == 1 and ("k" in key.feat) != seg1):
+        raise ConfigError(f"{name}: kernel {key.symbol} was chosen for other K segments or split-K "
+                          f"({len(nks)} segments, {splits} splits): an internal error")
 
 
 def subpixel_rows(key: ConvKey, rows: int) -> int:
@@ -287,6 +337,7 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     blobs, ldw, nks = dict(packed[0]), packed[1], packed[2]   # split_k adds to the op's own dict
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
+    check_features(key, op.out, nks, splits)
     grid = (mtiles * splits, ntiles, ctx.batch)
     # (normalized: 8 * Cin bytes for the table; a folded norm uses 2 * Cin of them)
     smem = halo_smem(key, conv_geom(op, ctx)) if key.halo else pipe_smem(key, 8 * xt.channels if op.norm else 0)
@@ -327,10 +378,7 @@ def gemm_workspace(batch: int, mtiles: int, ntiles: int, splits: int, bm: int, b
 def split_k(blobs: Dict[str, np.ndarray], mtiles: int, ntiles: int, nk: int, key: ConvKey, ctx: Ctx,
             name: str) -> Tuple[int, int]:
     """Splits, workspace bytes; adds the zeroed tickets (gemm_workspace) to the op's blobs."""
-    t = ctx.tiles.get(name)
-    tiles = mtiles * ntiles
-    splits = (1 if key.rows else   # the halo conv's row tiles have no split-K
-              min(t.splits, nk) if (t and t.splits) else choose_splits(nk, tiles * ctx.batch, ctx.sms))
+    splits = op_splits(key, ctx, name, mtiles, ntiles, nk)
     ws, ctr = gemm_workspace(ctx.batch, mtiles, ntiles, splits, key.bm, key.bn, key.gate)
     if ctr:
         blobs["counters"] = np.zeros(ctr, dtype=np.int32)
@@ -353,7 +401,9 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
                                  pipelined=pipe)
     bk = 64 if (pipe and bn < g) else choose_bk(ctx.precision, bm, bn, vec, True)   # the split gates' tuned BK
     key = ConvKey(ctx.precision, bm, bn, bk, wm, wn, 1, 1, 1, vec, True, nsplit=bn < g)
-    return tuned_key(key, ctx, op.out, g, 0) or with_pipeline(key, ctx, 0)
+    key = tuned_key(key, ctx, op.out, g, 0) or with_pipeline(key, ctx, 0)
+    return with_features(key, op, ctx, {"g": False, "t": False, "n": False, "k": True, "r": False}, size * size, g,
+                         cdiv(g, key.bk) + cdiv(r_ch, key.bk))
 
 
 def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -373,6 +423,7 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
     psi_b = float(f32(".psi.bias").ravel()[0])
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(g, tile[1])   # ntiles > 1: N split, psi summed by a ticket
     splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
+    check_features(key, op.out, nks, splits)
     grid = (mtiles * splits, ntiles, ctx.batch)
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:

@@ -7,6 +7,13 @@ from dataclasses import dataclass
 
 
 DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16")}
+# The op features a GEMM-conv instantiation is compiled for, as letters of its symbol and bits of
+# kernels/conv.cu CONV_FEATURE_ARGS (bit i: the i-th letter): what the op does not have is a
+# compile-time null or constant there, so its code folds away. g: GELU; t: time bias; n: GroupNorm
+# of the input; k: a second K segment (the residual's rows); r: a residual added in the epilogue;
+# s: GroupNorm statistics of the output; p: split-K (splits > 1), which comes with every letter
+# (ops.conv.with_features: the generic kernel).
+FEATURES = "gtnkrsp"
 
 
 @dataclass(frozen=True)
@@ -34,13 +41,22 @@ class ConvKey:
     ks: int = 1       # k slices of the cp.async conv: KS warps per warp tile (kernels/conv_pipe.cu)
     nsplit: bool = False   # a gate whose N is split over CTAs (BN < N; kernels/conv.cu conv_finish)
     fold: bool = False     # GroupNorm folded into the GEMM (cp.async / halo convs; ops.fold_norm)
+    feat: str = ""         # the op's features, letters of FEATURES in that order (ops.conv.conv_features)
+
+    def __post_init__(self) -> None:
+        if self.feat != "".join(c for c in FEATURES if c in self.feat):
+            raise ValueError(f"ConvKey feat {self.feat!r}: letters of {FEATURES!r}, in that order, once each")
 
     @property
     def symbol(self) -> str:
         kind = ("gaten" if self.nsplit else "gate") if self.gate else f"conv{self.kh}x{self.kh}s{self.stride}u{self.up}"
         return (f"{kind}_{DTYPES[self.dtype][1]}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_v{self.vec}"
                 + (f"_{'r' if self.rows else 'h' if self.halo else 's'}{self.stages}" if self.stages else "")
-                + (f"_k{self.ks}" if self.ks != 1 else "") + ("_f" if self.fold else ""))
+                + (f"_k{self.ks}" if self.ks != 1 else "") + ("_f" if self.fold else "") + "_x" + (self.feat or "0"))
+
+    @property
+    def feat_bits(self) -> int:
+        return sum(1 << FEATURES.index(c) for c in self.feat)
 
     @property
     def subpixel(self) -> bool:
@@ -55,15 +71,15 @@ class ConvKey:
     def instance(self) -> str:
         if self.rows:
             return (f"CONV_HALO_ROWS_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, "
-                    f"{self.wm}, {self.wn}, {self.stages}, {int(self.fold)})")
+                    f"{self.wm}, {self.wn}, {self.stages}, {int(self.fold)}, {self.feat_bits})")
         if self.halo:
             return (f"CONV_HALO_INSTANCE({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
-                    f"{self.wm}, {self.wn}, {self.up}, {self.stages}, {int(self.fold)})")
+                    f"{self.wm}, {self.wn}, {self.up}, {self.stages}, {int(self.fold)}, {self.feat_bits})")
         macro, tail = (("CONV_PIPE_INSTANCE", f", {self.stages}, {self.ks}, {int(self.fold)}")
                        if self.stages else ("CONV_INSTANCE", ""))
         return (f"{macro}({self.symbol}, {DTYPES[self.dtype][0]}, {self.bm}, {self.bn}, {self.bk}, "
                 f"{self.wm}, {self.wn}, {self.kh}, {self.stride}, {self.up}, {self.vec}, "
-                f"{(2 if self.nsplit else 1) if self.gate else 0}{tail})")
+                f"{(2 if self.nsplit else 1) if self.gate else 0}{tail}, {self.feat_bits})")
 
 
 @dataclass(frozen=True)

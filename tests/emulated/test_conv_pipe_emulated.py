@@ -8,6 +8,7 @@ emulation against NumPy, so the emulator itself is tested. No GPU needed; skippe
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from jetson_unet.paths import kernels_dir
 from jetson_unet.ops.common import cdiv, from_device, padded, round_up, to_device
 from jetson_unet.ops.conv import fold_table, fold_weights, gemm_workspace, pack_gemm, pack_subpixel
-from jetson_unet.ops.keys import ConvKey
+from jetson_unet.ops.keys import FEATURES, ConvKey
 
 pytestmark = pytest.mark.slow
 EMU = Path(__file__).parent / "emu" / "simt.h"
@@ -77,8 +78,11 @@ def values(bits: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def key(bm, bn, bk, kh=3, st=1, up=1, gate=False, stages=0, dtype="fp16", wm=2, wn=2, ks=1, nsplit=False,
-        fold=False):
-    return ConvKey(dtype, bm, bn, bk, wm, wn, kh, st, up, 8, gate, stages, ks=ks, nsplit=nsplit, fold=fold)
+        fold=False, feat=FEATURES):
+    """An instantiation; by default for every op feature (keys.FEATURES), which on the emulator (no
+    assumptions) runs the arguments as given: the generic kernel. test_features_fold_away checks
+    an op's own features against it."""
+    return ConvKey(dtype, bm, bn, bk, wm, wn, kh, st, up, 8, gate, stages, ks=ks, nsplit=nsplit, fold=fold, feat=feat)
 
 
 # (name, stock key, pipelined keys, shape). Shapes: Hin, Cin, N, Cr (residual K segment), batch,
@@ -304,6 +308,35 @@ def test_pipelined_equals_stock_bit_for_bit(emu_lib, case):
     prob, want = reference_run(emu_lib, stock, shape, "stock")
     for k in pipes:
         assert_same_bits(prob.run(emu_lib, k), want, f"{k.symbol} against {stock.symbol}")
+
+
+def own_features(shape: dict) -> str:
+    """The features (keys.FEATURES) of a case's op, as ops.conv.with_features gives them."""
+    if shape.get("splits", 1) > 1:
+        return FEATURES
+    has = {"g": shape.get("act") == 1, "t": shape.get("tbias", False), "n": shape.get("norm", False),
+           "k": shape["cr"] > 0, "r": shape.get("res", False), "s": not shape.get("gate"),
+           "p": False}
+    return "".join(c for c in FEATURES if has[c])
+
+
+FEAT_CASES = [(name, pipes[0], dataclasses.replace(pipes[0], feat=own_features(shape)), shape)
+              for name, _, pipes, shape in CASES if own_features(shape) != FEATURES]
+
+
+@pytest.fixture(scope="module")
+def feat_lib(tmp_path_factory):
+    return build_lib([k for _, full, own, _ in FEAT_CASES for k in (full, own)], tmp_path_factory.mktemp("emu-feat"))
+
+
+@pytest.mark.parametrize("case", FEAT_CASES, ids=[c[0] for c in FEAT_CASES])
+def test_features_fold_away(feat_lib, case):
+    """An instantiation for the op's own features (each absent one a null or constant argument,
+    kernels/conv.cu CONV_FEATURE_ARGS) computes what the one for every feature does, bit for bit:
+    each feature's bit reaches the argument it stands for."""
+    _, full, own, shape = case
+    prob, want = reference_run(feat_lib, full, shape, "every-feature")
+    assert_same_bits(prob.run(feat_lib, own), want, f"{own.symbol} against {full.symbol}")
 
 
 @pytest.mark.parametrize("case", SLICE_CASES, ids=[c[0] for c in SLICE_CASES])

@@ -33,8 +33,8 @@ def report(line: str) -> None:
 
 
 def pipelined_symbols(ex: Any) -> list:
-    """Launch symbols of an executor that run the cp.async conv (suffix _s<stages>)."""
-    return [L.fn.symbol for L in ex.launches if re.search(r"_s\d+$", L.fn.symbol)]
+    """Launch symbols of an executor that run the cp.async conv (_s<stages>, then its features)."""
+    return [L.fn.symbol for L in ex.launches if re.search(r"_s\d+_x\w+$", L.fn.symbol)]
 
 
 def gemm_tiles(ex) -> dict:

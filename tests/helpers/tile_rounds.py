@@ -15,15 +15,15 @@ from jetson_unet.ops.tuning import candidates, tunable
 
 
 def deep_symbol(symbol: str) -> bool:
-    m = re.search(r"_(\d+)x(\d+)x(\d+)_\d+x\d+_v\d+_s(\d+)(_k\d+)?(_f)?$", symbol)
+    m = re.search(r"_(\d+)x(\d+)x(\d+)_\d+x\d+_v\d+_s(\d+)(_k\d+)?(_f)?_x\w+$", symbol)
     return bool(m) and deep(*(int(g) for g in m.groups()[:4]))
 
 
 # kind -> (its variants of an op's candidates, whether a kernel symbol is of the kind, also with split-K)
-KINDS = {"halo": (lambda c, op: [t for t in c if t.halo == 1], re.compile(r"_h\d+(_f)?$").search, True),
+KINDS = {"halo": (lambda c, op: [t for t in c if t.halo == 1], re.compile(r"_h\d+(_f)?_x\w+$").search, True),
          # the halo conv's row tiles (no split-K)
-         "rows": (lambda c, op: [t for t in c if t.halo == 2], re.compile(r"_r\d+(_f)?$").search, False),
-         "k slices": (lambda c, op: [t for t in c if t.ks > 1], re.compile(r"_k\d+(_f)?$").search, True),
+         "rows": (lambda c, op: [t for t in c if t.halo == 2], re.compile(r"_r\d+(_f)?_x\w+$").search, False),
+         "k slices": (lambda c, op: [t for t in c if t.ks > 1], re.compile(r"_k\d+(_f)?_x\w+$").search, True),
          "deep ring": (lambda c, op: [t for t in c if deep_ring(t)], deep_symbol, True),
          # up2 convs on the cp.async conv: its sub-pixel 2x2 form (ops.conv.subpixel)
          "sub-pixel": (lambda c, op: [t for t in c if op.in_map == "up2" and t.stages and not t.halo],

@@ -67,12 +67,13 @@ KIND = {np.uint64: "p", np.int32: "i", np.float32: "f"}
 
 
 def test_pipelined_kernel_takes_conv_params():
-    """conv_pipe.cu's kernels are declared with conv.cu's CONV_PARAMS: one argument list for both."""
+    """conv_pipe.cu's kernels are declared with conv.cu's CONV_PARAMS and pass them as the op features
+    F see them: one argument list for both."""
     text = (kernels_dir() / "conv_pipe.cu").read_text()
     macro = re.search(r"#define CONV_PIPE_INSTANCE\(([^)]*)\)(.*)", text, re.S)
     names = [a.strip() for a in macro.group(1).split(",")]
-    assert names[-3:] == ["STAGES", "KS", "FOLD"] and len(names) == 15
-    assert re.search(r"name\(CONV_PARAMS\)", macro.group(2)) and "(CONV_ARGS)" in macro.group(2)
+    assert names[-4:] == ["STAGES", "KS", "FOLD", "F"] and len(names) == 16
+    assert re.search(r"name\(CONV_PARAMS\)", macro.group(2)) and "(CONV_FEATURE_ARGS(F))" in macro.group(2)
 
 
 @pytest.mark.parametrize("cfg", ["default", "odd"])
@@ -96,7 +97,7 @@ def test_pipelined_launches(cfg, precision, sms):
             # the built-in halo conv where the grid is deep, its row tiles on 32- and 64-pixel rows (8 SMs)
             kind = "_r2" if key.rows else "_h3" if key.halo else "_s3"
             assert key.stages == (2 if key.rows else 3) and launch.fn.symbol == key.symbol
-            assert launch.fn.symbol.endswith(kind + "_f" if key.fold else kind)
+            assert launch.fn.symbol.endswith((kind + "_f" if key.fold else kind) + "_x" + (key.feat or "0"))
             assert key.fold == bool(spec.op.norm and key.bn <= 128), (spec.op.out, key)   # fold_norm
             if key.halo:   # dynamic smem only, past 48 KB by the opt-in, two CTAs per sm_87 SM
                 assert launch.smem <= min(HALO_SMEM_LIMIT, launch.fn.max_dynamic_shared), (spec.op.out, launch.smem)
@@ -109,9 +110,9 @@ def test_pipelined_launches(cfg, precision, sms):
     if piped:
         assert "// ==== conv_pipe.cu ====" in src and src.index("==== conv.cu") < src.index("==== conv_pipe.cu")
         for sym in ex.kernels.symbols:
-            if sym.endswith(("_s3", "_s3_f")):
+            if re.search(r"_s3(_f)?_x\w+$", sym):
                 assert f"CONV_PIPE_INSTANCE({sym}," in src
-            if sym.endswith(("_h3", "_h3_f")):
+            if re.search(r"_h3(_f)?_x\w+$", sym):
                 assert f"CONV_HALO_INSTANCE({sym}," in src
     else:
         assert "// ==== conv_pipe.cu" not in src
