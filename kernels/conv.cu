@@ -48,8 +48,8 @@ extern __shared__ __align__(16) float dyn_smem[];
 // The arguments as an instantiation for the op features F sees them (jetson_unet/ops/keys.py FEATURES:
 // bit i is its i-th letter): a feature the op lacks is a compile-time null or constant, so its code
 // folds away; one it has is passed as given. A split-K op's instantiation has every bit set (ops.conv
-// with_features): the generic kernel. Per U-Net call this took 4.4% off batch 1 on an 8-SM slice,
-// 3.5% off batch 4 and 4.9% off batch 64 on the whole GPU (H200; docs/kernels.md, "Op features").
+// with_features): the generic kernel. Per U-Net call this took 3.1% off batch 1 on an 8-SM slice,
+// 3.4% off batch 4 and 4.4% off batch 64 on the whole GPU (H200; docs/kernels.md, "Op features").
 #define FT_ON(F, i) (((F) >> (i)) & 1)
 #define CONV_FEATURE_ARGS(F)                                                                          \
     x_, Hin, Win, Cin, ldx, FT_ON(F, 3) ? xr_ : nullptr, FT_ON(F, 3) ? Cr : 0, ldr, w_, ldw, nk0,       \
