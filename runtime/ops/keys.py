@@ -41,7 +41,7 @@ class ConvKey:
     ks: int = 1       # k slices of the cp.async conv: KS warps per warp tile (kernels/conv_pipe.cu)
     nsplit: bool = False   # a gate whose N is split over CTAs (BN < N; kernels/conv.cu conv_finish)
     fold: bool = False     # GroupNorm folded into the GEMM (cp.async / halo convs; ops.fold_norm)
-    feat: str = ""         # the op's features, letters of FEATURES in that order (ops.conv.conv_features)
+    feat: str = ""         # the op's features, letters of FEATURES in that order (ops.conv.with_features)
 
     def __post_init__(self) -> None:
         if self.feat != "".join(c for c in FEATURES if c in self.feat):
