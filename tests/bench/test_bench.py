@@ -299,11 +299,17 @@ def test_roofline_rows_per_op_and_per_class(capsys):
     assert [c.time_s for c in classes] == sorted((c.time_s for c in classes), reverse=True)
     conv = next(c for c in classes if c.name == "conv3x3")
     assert conv.flops == pytest.approx(sum(o.flops for o in floors if o.op_class == "conv3x3"))
+    levels = roofline.level_rows(plan, rows)
+    assert [lv.name for lv in levels] == ["64x64", "32x32", "16x16", "8x8"]
+    assert sum(lv.ops for lv in levels) == 75
+    assert sum(lv.time_s for lv in levels) == pytest.approx(sum(times.values()))
+    small = [o for o in floors if plan.tensors[o.name].size == 8]   # mid and downs.2's down conv among them
+    assert levels[-1].ops == len(small) and levels[-1].bytes == pytest.approx(sum(o.bytes for o in small))
     ops_ms = {n: {"hot_ms": 1e3 * t, "cold_ms": 2e3 * t} for n, t in times.items()}
     model = roofline.CallModel(3.0, 1e-6, 75, 3.5)
     roofline.print_measured(plan, big, "fp16", 4, ops_ms, model, {4: 1.0, 32: 2.0}, top=5)
     out = capsys.readouterr().out
-    assert "share" in out and "the 5 slowest ops, hot" in out and "100.0%" in out
+    assert "share" in out and "the 5 slowest ops, hot" in out and "100.0%" in out and "per level" in out
     eff = roofline.class_efficiency(plan, big, "fp16", 4, ops_ms)
     assert eff["cold"]["conv3x3"] == pytest.approx(2 * eff["hot"]["conv3x3"])
 

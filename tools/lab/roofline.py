@@ -17,9 +17,10 @@ matches 40 sparse INT8 TOPS / 4), both scaled with the GPU clock. GEMM convs and
 tensor rate at fp16/bf16; depthwise, the image convs and everything at fp32 use the FFMA rate. On a
 GPU it then times every op alone (`GpuExecutor.launch_op` between events, L2 flushed before each
 launch, and hot back to back) and the whole call (graph replay, tools.bench_unet), prints the
-per-op roofline (FLOPs, minimum bytes, achieved TFLOP/s and GB/s, share of the call) per op class
-and for the `--top` slowest ops, and predicts each Orin Nano's time per image as its floor times
-this GPU's measured/floor efficiency, as a range over the assumptions. Method: docs/bench.md.
+per-op roofline (FLOPs, minimum bytes, achieved TFLOP/s and GB/s, share of the call) per op class,
+per level and for the `--top` slowest ops, and predicts each Orin Nano's time per image as its
+floor times this GPU's measured/floor efficiency, as a range over the assumptions. Method:
+docs/bench.md.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -311,15 +312,30 @@ def roofline_rows(floors: List[OpFloor], times: Dict[str, float]) -> List[Roofli
     return [RooflineRow(o.name, o.op_class, 1, o.flops, o.bytes, o.floor_s, times[o.name]) for o in floors]
 
 
-def class_rows(rows: List[RooflineRow]) -> List[RooflineRow]:
-    """The rows summed per op class, the slowest class first."""
+def grouped_rows(rows: List[RooflineRow], group: Callable[[RooflineRow], str]) -> List[RooflineRow]:
+    """The rows summed per group(row), in the order the groups first appear; a group's op class is
+    its rows' where they share one, else empty."""
     out: Dict[str, RooflineRow] = {}
     for r in rows:
-        c = out.get(r.op_class)
-        out[r.op_class] = (RooflineRow(r.op_class, r.op_class, 1, r.flops, r.bytes, r.floor_s, r.time_s) if c is None
-                           else RooflineRow(c.name, c.op_class, c.ops + 1, c.flops + r.flops, c.bytes + r.bytes,
-                                            c.floor_s + r.floor_s, c.time_s + r.time_s))
-    return sorted(out.values(), key=lambda r: -r.time_s)
+        g = group(r)
+        c = out.get(g)
+        out[g] = (RooflineRow(g, r.op_class, 1, r.flops, r.bytes, r.floor_s, r.time_s) if c is None
+                  else RooflineRow(g, c.op_class if c.op_class == r.op_class else "", c.ops + 1, c.flops + r.flops,
+                                   c.bytes + r.bytes, c.floor_s + r.floor_s, c.time_s + r.time_s))
+    return list(out.values())
+
+
+def class_rows(rows: List[RooflineRow]) -> List[RooflineRow]:
+    """The rows summed per op class, the slowest class first."""
+    return sorted(grouped_rows(rows, lambda r: r.op_class), key=lambda r: -r.time_s)
+
+
+def level_rows(plan: Plan, rows: List[RooflineRow]) -> List[RooflineRow]:
+    """The rows summed per level, the size of the op's output map (a down or up conv counts with the
+    level it writes), the largest first."""
+    size = {r.name: plan.tensors[r.name].size for r in rows}
+    return sorted(grouped_rows(rows, lambda r: f"{size[r.name]}x{size[r.name]}"),
+                  key=lambda r: -int(r.name.split("x")[0]))
 
 
 def row_json(r: RooflineRow, total_s: float) -> Dict[str, Any]:
@@ -342,9 +358,10 @@ def print_measured(plan: Plan, this: Machine, precision: str, batch: int, ops_ms
     hot = roofline_rows(floors, {n: v["hot_ms"] * 1e-3 for n, v in ops_ms.items()})
     cold = roofline_rows(floors, {n: v["cold_ms"] * 1e-3 for n, v in ops_ms.items()})
     total = sum(r.time_s for r in hot)
+    everything = grouped_rows(hot, lambda r: "sum")
     print_rows(f"\nthis GPU, each op alone, hot ({precision}, batch {batch}): per op class; share = of the ops' sum",
-               class_rows(hot) + [RooflineRow("sum", "", len(hot), sum(r.flops for r in hot),
-                                              sum(r.bytes for r in hot), sum(r.floor_s for r in hot), total)], total)
+               class_rows(hot) + everything, total)
+    print_rows("per level (the size of the op's output map)", level_rows(plan, hot), total)
     cold_s = sum(r.time_s for r in cold)
     print("cold (L2 flushed before each launch), per class: " + ", ".join(
         f"{r.name} {1e6 * r.time_s:.1f} us ({r.time_s / r.floor_s:.2f} x floor)" for r in class_rows(cold))
@@ -465,7 +482,8 @@ def write_json(path: str, plan: Plan, machines: List[Machine], args: argparse.Na
         doc.update({k: v for k, v in meas.items() if k not in ("this", "model")},
                    this_gpu=asdict(meas["this"]), call_model=asdict(meas["model"]),
                    roofline_hot={"ops": [row_json(r, total) for r in hot],
-                                 "classes": [row_json(r, total) for r in class_rows(hot)]})
+                                 "classes": [row_json(r, total) for r in class_rows(hot)],
+                                 "levels": [row_json(r, total) for r in level_rows(plan, hot)]})
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
 
