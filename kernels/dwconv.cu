@@ -189,6 +189,25 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
         dwconv<D, K, VEC, TW, CP>(DW_ARGS);                                                       \
     }
 
+// dwconv_tc's statistics over a thread's accumulators (channel q, column block cb, element e at
+// row y + 8 (e / 2), column x + 8 cb + e % 2 of channel c + q): the sum (SQ false), or the sum of
+// squares about m. MASK tests each element's bounds (ragged tiles); whole tiles skip the tests.
+template <bool MASK, bool SQ, int CPW>
+__device__ __forceinline__ float dw_tc_sum(const float (&acc)[CPW][2][4], float m, int c, int y, int x, int C,
+                                           int H, int W) {
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < CPW; ++q)
+#pragma unroll
+        for (int cb = 0; cb < 2; ++cb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float d = SQ ? acc[q][cb][e] - m : acc[q][cb][e];
+                if (!MASK || (c + q < C && y + 8 * (e / 2) < H && x + 8 * cb + e % 2 < W)) s = SQ ? fmaf(d, d, s) : s + d;
+            }
+    return s;
+}
+
 // ---- dwconv_tc: the same op on tensor cores (fp16 / bf16, 16-byte vectors) ---------------------
 // For one channel and one kernel row ky, the conv of 16 output rows x 8 output columns is one
 // m16n8k16 mma: A[m][k] = x[y0 + m + ky - P][x0 + k - P] (16 rows of 16 input columns: a 16x16 block
@@ -205,17 +224,19 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 // plane per channel ([CC][TH + K - 1][24] 16-bit words, rows 48 bytes apart, so the 8 rows of an
 // ldmatrix phase hit distinct banks; columns past the conv's reach meet zero weights and hold finite
 // values; each group of 8 planes GPAD 16-bit words after the last), from pairs of pixels (two
-// 16-byte loads of one channel vector, eight 4-byte stores). A warp's loads take CV consecutive
+// 16-byte loads of one channel vector as raw 32-bit words, zero where padding: eight byte permutes
+// and eight 4-byte stores). A warp's loads take CV consecutive
 // vectors (all of the tile's channels) of 32 / CV pixel pairs: whole sectors, 32 / CV lines a load,
 // where one vector per lane took 32 lines and 2-4x the L1 requests (Nsight Compute: the
 // kernel waited on these loads, not on its mma). Its stores then write words q .. q + 32 / CV - 1 of
 // CV planes 8 apart, which GPAD (32 / CV 4-byte words a group) spreads over all 32 banks. The B
-// fragments of a warp's channel q are loaded as its mma start (K register pairs live, not CPW K:
-// CPW 4 runs at 80 registers, 3 CTAs per SM, where holding all of them took 128 and 2 CTAs; CPW 1,
-// 60 registers, loads them with the halo, a latency less per CTA). The outputs go back through
-// shared memory ([CC channels][256 pixels + 2]) to 16-byte stores of 8 channels, a warp's 32 / CPW
-// pixels x CPW vectors (the tile's 16 CPW contiguous bytes of each pixel). Statistics as the FFMA
-// kernel: one StatPartial per CTA.
+// fragments of a warp's channel q are loaded as its mma start (K register pairs live, not CPW K;
+// CPW 1 loads them with the halo, a latency less per CTA). The outputs go back through shared
+// memory ([CC channels][256 pixels + 2 or 4]: the read below conflict-free for every CV), each
+// thread then reading 8 words (two pixels of 8 channels) and permuting them into two 16-byte
+// stores. Statistics as the FFMA kernel (one StatPartial per CTA), without per-output bounds tests
+// in a whole tile (dw_tc_sum). 4 CTAs per SM (64 registers; CPW 4 spills 16-24 bytes), where 3 at
+// 80 registers left more of the halo loads' latency exposed.
 // Why: the FFMA kernel issues ~1.2-1.6 instructions per multiply-add, 49 per output; here a warp's
 // 128 outputs per channel and column block cost K ldmatrix + K mma.
 // Launch: grid (ceil(H/16)*ceil(W/16), ceil(C/CC), B), block 256, no dynamic smem.
@@ -226,35 +247,45 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     static_assert(CPW == 1 || CPW == 2 || CPW == 4, "channels per warp");
     constexpr int NT = 256, CC = 8 * CPW, TH = 16, TW = 16, P = K / 2, VEC = 8, CV = CC / VEC;
     constexpr int PR = TH + K - 1, PC = TW + 8, PLANE = PR * PC;   // halo plane: rows, columns, words
-    constexpr int NPAIR = PR * (PC / 2), PAIRS_PT = (NPAIR * CV + NT - 1) / NT;
+    constexpr int NPH = NT / (CV * (PC / 2)), JR = (PR + NPH - 1) / NPH;   // halo row phases, rows per thread
     constexpr int GPAD = CV > 1 ? 64 / CV : 0;                      // 16-bit words after each 8 planes
-    constexpr int OSTR = TH * TW + 2;                               // output staging: words per channel
-    static_assert(CC * OSTR <= CC * PLANE, "the output staging reuses the halo planes");
+    constexpr int OSTR = TH * TW + (CV == 2 ? 4 : 2);               // output staging: 16-bit words per channel
+    static_assert(CC * OSTR <= CC * PLANE && OSTR % 2 == 0, "the output staging reuses the halo planes");
     static_assert(PLANE % 8 == 0 && GPAD % 8 == 0, "16-byte aligned planes for ldmatrix");
     __shared__ __align__(16) S planes[CC * PLANE + CV * GPAD];
     __shared__ float red[33];
     const S *x = (const S *)x_;
     S *out = (S *)out_;
     const uint2 *wf = (const uint2 *)w;   // B fragments, [C][K][32]
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned utid = threadIdx.x;
+    const int tid = utid, lane = tid & 31, warp = tid >> 5;
     const int tiles_x = (W + TW - 1) / TW;
     const int y0 = (blockIdx.x / tiles_x) * TH, x0 = (blockIdx.x % tiles_x) * TW;
     const int c0 = blockIdx.y * CC, b = blockIdx.z;
     const int tb_i = tbias ? t_idx[b] : 0;
 
     // ---- every load first: the halo's pixel pairs, (CPW 1) the B fragments, bias and time bias ---
-    // pair job i: channel vector cv = i % CV, pair q = i / CV (row q / (PC/2), columns 2 (q % (PC/2)) + 0, 1)
-    Vec<S, VEC> hv[PAIRS_PT][2];
+    // A thread takes one channel vector cv = tid % CV and pair column pc = tid / CV % (PC/2) (halo
+    // columns 2 pc, 2 pc + 1) of halo rows ph, ph + NPH, ... (ph = tid / (CV PC/2) < NPH): JR jobs
+    // whose addresses and plane words differ by constants. 16-byte words as raw 32-bit words, zero
+    // where the tap is padding or past the conv's reach (columns >= TW + K - 1, which only meet zero
+    // weights: not loaded, stored as zeros so that they are finite). Offsets from the CTA's sample and
+    // channel vector in 32 bits (a sample's map is < 2^31 elements).
+    const unsigned hcv = utid % CV, hpc = utid / CV % (PC / 2), hph = utid / (CV * (PC / 2));
+    const bool hthread = hph < NPH;
+    const int gy0 = y0 - P + (int)hph, gx = x0 - P + 2 * (int)hpc;
+    const bool cok = hthread && c0 + (int)hcv * VEC < C;
+    const bool ok0 = cok && 2 * hpc < TW + K - 1 && (unsigned)gx < (unsigned)W;
+    const bool ok1 = cok && 2 * hpc + 1 < TW + K - 1 && (unsigned)(gx + 1) < (unsigned)W;
+    const uint4 *hsrc = reinterpret_cast<const uint4 *>(x + (size_t)b * H * W * ldx + c0 + hcv * VEC + (gy0 * W + gx) * ldx);
+    const int hstep = NPH * W * ldx / VEC, hnext = ldx / VEC;   // uint4s to the job's next row, next pixel
+    uint4 hv[JR][2];
 #pragma unroll
-    for (int u = 0; u < PAIRS_PT; ++u) {
-        const int i = tid + u * NT, cv = i % CV, q = i / CV;
-        const int py = q / (PC / 2), px = 2 * (q - py * (PC / 2));
-        const int gy = y0 + py - P, gx = x0 + px - P, c = c0 + cv * VEC;
-        const bool rowok = i < NPAIR * CV && gy >= 0 && gy < H && c < C;
-        const S *src = x + ((size_t)(b * H + gy) * W + gx) * ldx + c;
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-            hv[u][e] = (rowok && gx + e >= 0 && gx + e < W) ? vload<S, VEC>(src + e * ldx) : vzero<S, VEC>();
+    for (int k = 0; k < JR; ++k) {
+        const bool rowok = (unsigned)(gy0 + k * NPH) < (unsigned)H && hph + k * NPH < PR;
+        hv[k][0] = hv[k][1] = make_uint4(0u, 0u, 0u, 0u);
+        if (rowok && ok0) hv[k][0] = hsrc[k * hstep];
+        if (rowok && ok1) hv[k][1] = hsrc[k * hstep + hnext];
     }
     // the B fragments of the warp's channel q: K 8-byte loads per lane
     auto load_b = [&](uint2 (&bq)[K], int q) {
@@ -264,20 +295,24 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     };
     uint2 bf[K];      // channel q's B fragments, loaded in the k loop; with one channel per warp
     if (CPW == 1) load_b(bf, 0);   // already here (registers to spare: one memory latency less)
-    float add[CPW];   // bias + time bias, consumed in the epilogue
+    // transposed into the planes: word (row, pc) of channel plane 8 cv + e is (pixel 0, pixel 1) of channel e
+    u32 *hdst = reinterpret_cast<u32 *>(planes) + hcv * ((VEC * PLANE + GPAD) / 2) + hph * (PC / 2) + hpc;
+#pragma unroll
+    for (int k = 0; k < JR; ++k) {
+        if (!hthread || hph + k * NPH >= PR) continue;
+        const u32 a[4] = {hv[k][0].x, hv[k][0].y, hv[k][0].z, hv[k][0].w};
+        const u32 c[4] = {hv[k][1].x, hv[k][1].y, hv[k][1].z, hv[k][1].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            hdst[k * NPH * (PC / 2) + (2 * j) * (PLANE / 2)] = __byte_perm(a[j], c[j], 0x5410);       // low halves: channel 2 j
+            hdst[k * NPH * (PC / 2) + (2 * j + 1) * (PLANE / 2)] = __byte_perm(a[j], c[j], 0x7632);   // high: 2 j + 1
+        }
+    }
+    float add[CPW];   // bias + time bias, consumed in the epilogue: loaded under the mma
 #pragma unroll
     for (int q = 0; q < CPW; ++q) {
         const int c = c0 + warp * CPW + q;
         add[q] = c < C ? bias[c] + (tbias ? tbias[tb_i * tb_stride + c] : 0.0f) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < PAIRS_PT; ++u) {
-        const int i = tid + u * NT, cv = i % CV, q = i / CV;
-        if (i >= NPAIR * CV) continue;
-        u32 *dst = reinterpret_cast<u32 *>(planes) + (cv * (VEC * PLANE + GPAD)) / 2 + q;   // word q of plane cv*8
-#pragma unroll
-        for (int e = 0; e < VEC; ++e)
-            dst[e * (PLANE / 2)] = (u32)hv[u][0].v[e] | ((u32)hv[u][1].v[e] << 16);
     }
     __syncthreads();
 
@@ -310,55 +345,61 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     // ---- epilogue: + bias + time bias; stage [channel][pixel]; statistics; 16-byte stores --------
     // accumulator e of block cb: output row g + 8 (e / 2), column cb * 8 + 2 t + e % 2 (g = lane / 4, t = lane % 4)
     const int g = lane >> 2, t = lane & 3;
-    float lsum = 0.0f;
     u32 *ost = reinterpret_cast<u32 *>(planes);
 #pragma unroll
     for (int q = 0; q < CPW; ++q) {
         const int cl = warp * CPW + q;
-        const bool cok = c0 + cl < C;
 #pragma unroll
         for (int cb = 0; cb < 2; ++cb)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int r = g + 8 * h, col = cb * 8 + 2 * t, oy = y0 + r, ox = x0 + col;
                 float &v0 = acc[q][cb][2 * h], &v1 = acc[q][cb][2 * h + 1];
                 v0 += add[q];
                 v1 += add[q];
-                lsum += (cok && oy < H && ox < W ? v0 : 0.0f) + (cok && oy < H && ox + 1 < W ? v1 : 0.0f);
-                ost[(cl * OSTR + r * TW + col) / 2] = (u32)D::from_f(v0) | ((u32)D::from_f(v1) << 16);
+                ost[cl * (OSTR / 2) + (g + 8 * h) * (TW / 2) + cb * 4 + t] = (u32)D::from_f(v0) | ((u32)D::from_f(v1) << 16);
             }
     }
-    __syncthreads();
-    constexpr int OJ = TH * TW * CV / NT;   // 16-byte stores per thread
-#pragma unroll
-    for (int u = 0; u < OJ; ++u) {
-        const int i = tid + u * NT, cv = i % CV, p = i / CV, r = p / TW, col = p - r * TW;
-        const int oy = y0 + r, ox = x0 + col, c = c0 + cv * VEC;
-        if (oy < H && ox < W && c < C) {
-            Vec<S, VEC> o;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) o.v[e] = planes[(cv * VEC + e) * OSTR + p];
-            vstore<S, VEC>(out + ((size_t)(b * H + oy) * W + ox) * ldo + c, o);
-        }
-    }
+    // a tile inside the map and the channels (every tile of a map of 16 k rows and columns, of 8 CPW
+    // k channels) needs no bounds test per output
+    const bool full = y0 + TH <= H && x0 + TW <= W && c0 + CC <= C;
+    const float lsum = full ? dw_tc_sum<false, false>(acc, 0.0f, 0, 0, 0, C, H, W)
+                            : dw_tc_sum<true, false>(acc, 0.0f, c0 + warp * CPW, y0 + g, x0 + 2 * t, C, H, W);
+    // the statistics before the stores (their barriers publish the staging), so that the
+    // accumulators are dead while the stores' words are live: 64 registers without spills
     if (st_part)
         dw_partial(st_part, b, (float)(min(TH, H - y0) * min(TW, W - x0) * min(CC, C - c0)), lsum, red, [&](float tmean) {
-            float lm2 = 0.0f;
-#pragma unroll
-            for (int q = 0; q < CPW; ++q)
-#pragma unroll
-                for (int cb = 0; cb < 2; ++cb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int oy = y0 + g + 8 * (e / 2), ox = x0 + cb * 8 + 2 * t + e % 2;
-                        const float d = acc[q][cb][e] - tmean;
-                        if (c0 + warp * CPW + q < C && oy < H && ox < W) lm2 += d * d;
-                    }
-            return lm2;
+            return full ? dw_tc_sum<false, true>(acc, tmean, 0, 0, 0, C, H, W)
+                        : dw_tc_sum<true, true>(acc, tmean, c0 + warp * CPW, y0 + g, x0 + 2 * t, C, H, W);
         });
+    else
+        __syncthreads();
+    // pair job i: channel vector cv = i % CV, pixels 2 (i / CV) and the next: 8 words (two pixels of a
+    // channel) from the staging, transposed into two 16-byte stores
+    constexpr int OPJ = TH * TW / 2 * CV, OPT = (OPJ + NT - 1) / NT;
+#pragma unroll
+    for (int u = 0; u < OPT; ++u) {
+        const unsigned i = utid + u * NT, cv = i % CV, pp = i / CV;
+        if (OPJ % NT != 0 && i >= OPJ) break;
+        const int oy = y0 + pp / (TW / 2), ox = x0 + 2 * (pp % (TW / 2)), c = c0 + cv * VEC;
+        u32 w2[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) w2[e] = ost[(cv * VEC + e) * (OSTR / 2) + pp];
+        uint4 o[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const u32 sel = k ? 0x7632 : 0x5410;
+            o[k] = make_uint4(__byte_perm(w2[0], w2[1], sel), __byte_perm(w2[2], w2[3], sel),
+                              __byte_perm(w2[4], w2[5], sel), __byte_perm(w2[6], w2[7], sel));
+        }
+        if (full || (oy < H && c < C)) {
+            uint4 *dst = reinterpret_cast<uint4 *>(out + ((size_t)(b * H + oy) * W + ox) * ldo + c);
+            if (full || ox < W) dst[0] = o[0];
+            if (full || ox + 1 < W) dst[ldo / VEC] = o[1];
+        }
+    }
 }
 
 #define DW_TC_INSTANCE(name, D, K, CPW)                                                           \
-    extern "C" __global__ void __launch_bounds__(256, (CPW) == 2 ? 4 : 3) name(DW_PARAMS) {         \
+    extern "C" __global__ void __launch_bounds__(256, 4) name(DW_PARAMS) {                           \
         dwconv_tc<D, K, CPW>(DW_ARGS);                                                            \
     }
