@@ -19,7 +19,6 @@ inline double __dmul_rn(double a, double b) { return a * b; }
 inline float __double2float_rn(double d) { return (float)d; }
 inline long long __double_as_longlong(double d) { long long i; std::memcpy(&i, &d, 8); return i; }
 inline unsigned atomicOr(unsigned *p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
-inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 
 template <class T> inline T __shfl_up_sync(unsigned, T v, int d) { return emu_shfl(v, t_lane >= d ? t_lane - d : t_lane); }
 inline unsigned __ballot_sync(unsigned, bool pred) {
