@@ -330,6 +330,21 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
     }
 }
 
+// image_u8: the spec's image out from the sampler's final x (fp32, NHWC: the layout of the uint8
+//   (B, H, W, C) it returns), v = rint(clip((x + 1) / 2, 0, 1) * 255) in double, element i of n, as
+//   jetson_unet.model.schedule.to_uint8 computes it on the host: the same IEEE double operations
+//   (x + 1, then * 0.5, exact; clip; * 255, one rounding; rint, half to even), without contraction,
+//   so the bytes are NumPy's. Moves n bytes to the host instead of 4 n, and takes the host's float64
+//   passes (4.7 ms at batch 64 on the H200's host) off the end of every sampling call.
+//   Launch: grid ceil(n / 256), block 256.
+extern "C" __global__ void __launch_bounds__(256) image_u8(const float *__restrict__ x, unsigned char *__restrict__ out,
+                                                           int n) {
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i >= n) return;
+    const double v = __dmul_rn(__dadd_rn((double)x[i], 1.0), 0.5);
+    out[i] = (unsigned char)rint(__dmul_rn(fmin(fmax(v, 0.0), 1.0), 255.0));
+}
+
 #define INIT_INSTANCE(name, D, K, CIN, TW)                                                   \
     extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K, CIN, TW>(INIT_ARGS); }
 #define INIT_TC_INSTANCE(name, D, K, CIN)                                                    \

@@ -264,11 +264,9 @@ class Pipeline:
             self._check_open()
             if self.backend == "numpy":
                 self._check_host(batch)
-                x0 = sample_loop(self._engine.eps, shape, plan, image_seeds, callback)
-            else:
-                x0 = self._on_gpu("sampling", lambda: self._gpu_sampler(batch).run(plan, image_seeds, callback,
-                                                                                   timeline))
-        return to_uint8(x0)
+                return to_uint8(sample_loop(self._engine.eps, shape, plan, image_seeds, callback))
+            return self._on_gpu("sampling", lambda: self._gpu_sampler(batch).images(plan, image_seeds, callback,
+                                                                                    timeline))
 
     def _check_open(self) -> None:
         if self._closed:

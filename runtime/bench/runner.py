@@ -238,7 +238,7 @@ class GpuEngine:
                                   noise=cfg.noise, stream=stream)
 
     def run(self, steps: list, seed: int, timeline: Any = None) -> Any:
-        return to_uint8(self.sampler.run(steps, seed, None, timeline))
+        return self.sampler.images(steps, seed, None, timeline)
 
     def wait_ready(self) -> None:
         """The executors return with the weight upload still in flight (early start): wait for it."""

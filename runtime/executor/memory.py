@@ -140,11 +140,12 @@ STEP_COEFS = 6   # per step: c_x, c_eps, sigma, c_h, d_x, d_eps (jetson_unet.mod
 def sampler_tables(config: Any, batch: int) -> Dict[str, int]:
     """gpu mode's device tables (GpuSampler._prepare_gpu): step coefficients, noise row per step,
     t per step, the step counter, the current step's coefficients (kernels/io.cu: two float4), the
-    noise of every step for the whole batch (fp32, image by image: [B][T][C*H*W]) and the history
-    a multistep sampler carries from step to step (fp32 NHWC, as the image)."""
+    noise of every step for the whole batch (fp32, image by image: [B][T][C*H*W]), the history a
+    multistep sampler carries from step to step (fp32 NHWC, as the image) and the uint8 images
+    (kernels/io.cu image_u8)."""
     T, n = config.timesteps, batch * config.channels * config.image_size ** 2
     return {"coef": 4 * STEP_COEFS * T, "noise_row": 4 * T, "t_of_step": 4 * T, "counter": 4, "cur": 32,
-            "noise": 4 * n * T, "hist": 4 * n}
+            "noise": 4 * n * T, "hist": 4 * n, "image": n}
 
 
 @dataclass(frozen=True)

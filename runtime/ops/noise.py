@@ -35,7 +35,7 @@ STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("i
                         ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
                         ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
 __all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "draw_rows", "draw_slots", "pack_state",
-           "scratch_sizes", "unpack_state"]
+           "pack_states", "scratch_sizes", "unpack_state"]
 
 
 def draw_rows(n: int, timesteps: int, images: int = 1) -> int:
@@ -67,15 +67,24 @@ def scratch_sizes(n: int, rows: int, images: int = 1, slots: int = 1) -> dict:
             "ri": slots * 4 * cap, "rv": slots * 4 * cap}
 
 
-def pack_state(state: dict, mode: int, window: int) -> np.ndarray:
-    """A NumPy PCG64 state dict as noise.cu's NoiseState (flags cleared)."""
-    a = np.zeros(1, STATE_DTYPE)
-    s, inc = state["state"]["state"], state["state"]["inc"]
-    a["s_lo"], a["s_hi"] = s & 0xFFFFFFFFFFFFFFFF, s >> 64
-    a["inc_lo"], a["inc_hi"] = inc & 0xFFFFFFFFFFFFFFFF, inc >> 64
-    a["has_uint32"], a["uinteger"] = int(state["has_uint32"]), int(state["uinteger"])
+def pack_states(states: Sequence[dict], mode: int, window: int) -> np.ndarray:
+    """NumPy PCG64 state dicts as noise.cu's NoiseStates (flags cleared), filled field by field for
+    all of them at once (one array per state took ~2 ms of a batch-64 run's start)."""
+    a = np.zeros(len(states), STATE_DTYPE)
+    s = [st["state"]["state"] for st in states]
+    inc = [st["state"]["inc"] for st in states]
+    m = 0xFFFFFFFFFFFFFFFF
+    a["s_lo"], a["s_hi"] = [v & m for v in s], [v >> 64 for v in s]
+    a["inc_lo"], a["inc_hi"] = [v & m for v in inc], [v >> 64 for v in inc]
+    a["has_uint32"] = [int(st["has_uint32"]) for st in states]
+    a["uinteger"] = [int(st["uinteger"]) for st in states]
     a["log1pf_mode"], a["window"] = mode, window
     return a
+
+
+def pack_state(state: dict, mode: int, window: int) -> np.ndarray:
+    """A NumPy PCG64 state dict as noise.cu's NoiseState (flags cleared)."""
+    return pack_states([state], mode, window)
 
 
 def unpack_state(a: np.ndarray) -> dict:
@@ -121,8 +130,8 @@ class DeviceNoise:
         """Start image i's generator on PCG64(seeds[i])'s stream (the spec's), flags cleared."""
         if len(seeds) != self.images:
             raise ValueError(f"{len(seeds)} seeds for {self.images} generators")
-        states = [pack_state(np.random.PCG64(s).state, self.mode, self.window_log2) for s in seeds]
-        self._up[...] = np.concatenate(states).view(np.uint8)
+        states = pack_states([np.random.PCG64(s).state for s in seeds], self.mode, self.window_log2)
+        self._up[...] = states.view(np.uint8)
         self.backend.h2d(int(self.ptr["state"]), self._up, stream)
 
     def _sizes(self, rows: int) -> Tuple[int, int, int]:

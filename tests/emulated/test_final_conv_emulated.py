@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jetson_unet.ops.common import cdiv, padded, to_device
+from jetson_unet.paths import kernels_dir
 from jetson_unet.ops.io import FINAL_THREADS
 from jetson_unet.ops.keys import SimpleKey
 from tests.emulated.test_conv_pipe_emulated import kernel_lib, macro_params
@@ -147,3 +148,27 @@ def test_final_conv_takes_the_step_with_history(lib, case):
         wrong = p_sample(nchw(x_before), nchw(eps), st, noise.reshape(rows, b, cout, hw)[row].astype(np.float64),
                          nchw(h_prev) if c_h else None)[0]
         assert np.abs(nchw(xs) - wrong).max() > 1e-3 * scale.max()
+
+
+def test_image_u8_is_to_uint8(tmp_path):
+    """image_u8 (kernels/io.cu, the gpu mode's image out) against schedule.to_uint8 byte for byte: values
+    inside and outside [-1, 1], the exact ends, the half-way points of every level (where rint's half to
+    even decides), their neighbours 1 ulp away, and a ragged last CTA (n not a multiple of 256)."""
+    from jetson_unet.model.schedule import to_uint8
+    from tests.emulated.test_conv_pipe_emulated import compile_emu, emu_source
+
+    src = (kernels_dir() / "io.cu").read_text().replace("extern __shared__ __align__(16) float dyn_smem[];", "")
+    wrap = ('extern "C" void emu_image_u8(int gx, int nt, const float *x, unsigned char *out, int n) '
+            '{ emu_launch([&] { image_u8(x, out, n); }, gx, 1, 1, nt); }')
+    lib = compile_emu("\n".join([emu_source([]), src, wrap]) + "\n", tmp_path)
+    half = (np.arange(256) + 0.5) / 127.5 - 1.0                     # x whose 255 (x + 1) / 2 ends in .5
+    edges = np.concatenate([half, [-1.0, 1.0, 0.0, -1.5, 1.5, -7.0, 7.0]]).astype(np.float32)
+    near = np.concatenate([np.nextafter(edges, np.float32(-np.inf)), edges, np.nextafter(edges, np.float32(np.inf))])
+    rng = np.random.default_rng(5)
+    x = np.concatenate([near, rng.uniform(-1.2, 1.2, 3000).astype(np.float32)])
+    n = x.size - x.size % 3                                          # whole (C = 3) pixels, n % 256 != 0
+    x = x[:n].reshape(1, 1, -1, 3)                                   # NHWC, one image of one row
+    out = np.full(n, 0xA5, dtype=np.uint8)
+    lib.emu_image_u8(cdiv(n, 256), 256, ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data), n)
+    want = to_uint8(x.transpose(0, 3, 1, 2))                         # NCHW in, NHWC out
+    assert n % 256 and np.array_equal(out, want.reshape(-1))

@@ -123,6 +123,24 @@ def test_graph_and_plain_launches_identical_and_reusable(backend, weights, sampl
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode,noise", [("gpu", "device"), ("gpu", "host"), ("cpu", "host")])
+def test_images_are_to_uint8_of_the_run(backend, weights, mode, noise):
+    """images() (in gpu mode made by kernels/io.cu image_u8) is schedule.to_uint8 of run()'s x_0, byte
+    for byte, the same run twice (the pinned buffer reused), batch 3 (a ragged last CTA)."""
+    from jetson_unet.model.schedule import to_uint8
+    steps = make_steps(weights.config.schedule, "ddim", 4, eta=1.0)   # noise on every step
+    s = GpuSampler(weights, "fp16", 3, mode=mode, noise=noise, backend=backend)
+    try:
+        want = to_uint8(s.run(steps, seeds=5))
+        got = [s.images(steps, seeds=5) for _ in range(2)]
+    finally:
+        s.close()
+    for g in got:
+        assert g.dtype == np.uint8 and g.shape == want.shape and np.array_equal(g, want)
+    report(f"images() {mode} mode, {noise} noise: bytes equal to to_uint8(run()), {want.size} values")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])
 def test_cancel_stops_within_one_step(backend, weights, mode):
     seen = []
