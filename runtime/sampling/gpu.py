@@ -349,16 +349,21 @@ class GpuSampler:
                 return self._run_gpu(steps, seeds, cb, tl, noise="host", images=images)
         if cb is not None:
             cb(len(steps) - 1, len(steps))
+        return self._download(s0, images)
+
+    def _download(self, s0: Any, images: bool) -> np.ndarray:
+        """A gpu-mode run's result, after its steps on s0: the uint8 images (kernels/io.cu image_u8,
+        (B, H, W, C)) or x_0 as (B, C, H, W) float32. One copy each: the pinned buffers are reused."""
+        be, ex = self.backend, self.executors[0]
         if images:
             n = self._host_image.size
             self._image_u8.launch((-(-n // 256), 1, 1), (256, 1, 1), (P(ex.x_ptr), P(self._off["image"]), I(n)), 0, s0)
             be.d2h(self._host_image, self._off["image"], s0)
             s0.synchronize()
-            return np.array(self._host_image)   # a copy: the pinned buffer is reused
-        pin_x = ex._host_x
-        be.d2h(pin_x, ex.x_ptr, s0)
+            return np.array(self._host_image)
+        be.d2h(ex._host_x, ex.x_ptr, s0)
         s0.synchronize()
-        return np.array(pin_x.transpose(0, 3, 1, 2), order="C")   # one copy: pin_x is reused
+        return np.array(ex._host_x.transpose(0, 3, 1, 2), order="C")
 
     def _upload_rows(self, first: int, last: int, s0: Any) -> None:
         """Noise rows [first, last) of every image to the device on the copy stream; s0 waits for them."""
