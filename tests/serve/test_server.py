@@ -127,4 +127,6 @@ def test_sigterm_finishes_the_request_in_flight_exits_0_and_frees_the_ports(serv
     stopped_s = time.monotonic() - t0   # the in-flight batch finished and the server gone, not our check below
     np.testing.assert_array_equal(result["image"], pipe.sample(seeds=[4, 5, 6], sampler="ddim", steps=5))
     assert not any(port_in_use(p) for p in server.ports), server.ports
-    assert stopped_s < 30
+    # at most Triton's exit timeout (30 s) for a connection it still counts as live (docs/serving.md),
+    # plus the exit: in full local runs 1 in ~4 took 31.2 s, the others ~2 s; a hang goes past it
+    assert stopped_s < 30 + 15
