@@ -34,8 +34,8 @@ DRAW_NORMALS = 1 << 20   # the most normals a sampler's generator draws at once 
 STATE_DTYPE = np.dtype([("s_lo", "<u8"), ("s_hi", "<u8"), ("inc_lo", "<u8"), ("inc_hi", "<u8"),
                         ("has_uint32", "<u4"), ("uinteger", "<u4"), ("flags", "<u4"), ("consumed", "<u4"),
                         ("log1pf_mode", "<i4"), ("window", "<i4"), ("pad", "<u4", (2,))])   # struct NoiseState
-__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "draw_rows", "draw_slots", "pack_state",
-           "pack_states", "scratch_sizes", "unpack_state"]
+__all__ = ["DeviceNoise", "FLAG_AMBIGUOUS", "FLAG_SHORT", "NOISE_SOURCES", "draw_rows", "draw_slots", "pack_states",
+           "scratch_sizes", "unpack_state"]
 
 
 def draw_rows(n: int, timesteps: int, images: int = 1) -> int:
@@ -80,11 +80,6 @@ def pack_states(states: Sequence[dict], mode: int, window: int) -> np.ndarray:
     a["uinteger"] = [int(st["uinteger"]) for st in states]
     a["log1pf_mode"], a["window"] = mode, window
     return a
-
-
-def pack_state(state: dict, mode: int, window: int) -> np.ndarray:
-    """A NumPy PCG64 state dict as noise.cu's NoiseState (flags cleared)."""
-    return pack_states([state], mode, window)
 
 
 def unpack_state(a: np.ndarray) -> dict:

@@ -9,7 +9,7 @@ import pytest
 
 from jetson_unet.errors import NoiseUnsupported
 from jetson_unet.ops import noise_ref as nr
-from jetson_unet.ops.noise import pack_state, unpack_state
+from jetson_unet.ops.noise import pack_states, unpack_state
 
 
 def numpy_draw(seed: int, n: int) -> np.ndarray:
@@ -116,7 +116,7 @@ def test_state_packing_round_trips():
     g = np.random.Generator(np.random.PCG64(77))
     g.standard_normal(3, dtype=np.float32)
     st = g.bit_generator.state
-    a = pack_state(st, 1, 3)
+    a = pack_states([st], 1, 3)
     assert a.nbytes == 64 and a["log1pf_mode"][0] == 1 and a["window"][0] == 3 and a["flags"][0] == 0
     assert unpack_state(a) == st
 
