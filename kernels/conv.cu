@@ -51,6 +51,9 @@ extern __shared__ __align__(16) float dyn_smem[];
 // with_features): the generic kernel. Per U-Net call this took 3.1% off batch 1 on an 8-SM slice,
 // 3.4% off batch 4 and 4.4% off batch 64 on the whole GPU (H200; docs/kernels.md, "Op features").
 #define FT_ON(F, i) (((F) >> (i)) & 1)
+// the activation as a compile-time constant (0 none, 1 GELU: the op has GELU iff bit 0), or -1 in the
+// generic kernel (split-K: every bit set), whose `act` argument says
+#define FT_ACT(F) (FT_ON(F, 6) ? -1 : FT_ON(F, 0))
 #define CONV_FEATURE_ARGS(F)                                                                          \
     x_, Hin, Win, Cin, ldx, FT_ON(F, 3) ? xr_ : nullptr, FT_ON(F, 3) ? Cr : 0, ldr, w_, ldw, nk0,       \
     FT_ON(F, 3) ? nk1 : 0, bias, FT_ON(F, 1) ? tbias : nullptr, tb_stride, t_idx,                       \
@@ -340,6 +343,22 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, sadd
     }
 }
 
+// The 4 x 4 transpose of a[0..3] over the 4 lanes of a quad (lane t of the quad: t): afterwards lane t
+// holds, in a[j], what lane j held in a[t]. Two shuffle rounds (lanes t ^ 1, then t ^ 2), each trading
+// the two words whose index differs from t in that bit.
+__device__ __forceinline__ void quad_transpose(u32 *a, int t) {
+#pragma unroll
+    for (int bit = 1; bit <= 2; bit <<= 1) {
+        const bool hi = t & bit;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (k & bit) continue;
+            const u32 r = __shfl_xor_sync(0xffffffffu, hi ? a[k] : a[k + bit], bit);
+            if (hi) a[k] = r; else a[k + bit] = r;
+        }
+    }
+}
+
 // After the k loop: the split-K merge, then the epilogue (conv or gate) and the statistics.
 // acc is [MF][NF][4] (tensor cores) or [TM][TN][1] (FFMA); m-tile mt of mtiles, K split sk; `red`
 // (33 floats) is the kernel's static smem scratch for the statistics; `pre` the prefetched bias
@@ -347,7 +366,12 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, sadd
 // (it needs the prefetch: EP and BN <= 128, which the host checks). UPS 2: conv_pipe.cu's sub-pixel
 // up2 convs, whose row m is output pixel (2 iy + py, 2 ix + px) of its parity class (SubPixel there).
 // UPS 3: conv_halo.cu's row tiles, whose warp wm holds pixels wm * 16 .. of each of the tile's rows.
-template <class D, int BM, int BN, int WM, int WN, int VEC, int GATE, int UPS = 1, int A0, int A1, int A2, bool EP>
+// ACT: the activation known at compile time (FT_ACT: 0 or 1), or -1 (the generic kernel: `act`).
+// WHOLE: whether the tile's rows and columns all lie in the output. 2: always (the row tiles: the host
+// keeps M and N multiples of their tile); 1: tested per tile, where the 16-byte stores below apply (a
+// second copy of the epilogue's loops); 0: never assumed (the GEMM-tile halo conv: with the second
+// copy, sm_87 ptxas spilled 28 bytes in its 128x64 split-K instance).
+template <class D, int BM, int BN, int WM, int WN, int VEC, int GATE, int UPS, int WHOLE, int ACT, int A0, int A1, int A2, bool EP>
 __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles, int mt, int sk, float *red,
                                             const EpiloguePrefetch<BN, 32 * WM * WN, (GATE != 0), EP> &pre,
                                             const float *fcol, CONV_PARAMS) {
@@ -505,34 +529,23 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
     } else {
         float lsum = 0.0f;
         const float *tb = (!ON && tbias) ? tbias + t_idx[b] * tb_stride : nullptr;   // one load, not per pair
-        // Two passes over the pairs. The first adds the bias and time bias and takes the GELU; it is
-        // the only code inlined twice (a lambda with a constant `gelu`), so the GELU is decided once
-        // per epilogue, not by a runtime `act` test per pair (a branch per pair, erff being too long
-        // to predicate, that ptxas does not schedule across), and its NPAIR independent erff chains
-        // are straight-line code. The second adds the residual, stores and sums. (Inlining
-        // the whole pair loop twice for tiles of <= 8 pairs only: 1 us per batch-1 call, 4-5 us at
-        // batch 16; for larger tiles ptxas then spilled 44 bytes in the 128x64x64 halo tile on
-        // sm_87. A generic lambda could say `gelu` by type; NVRTC rejects those as host code.)
-        auto prep = [&](const bool gelu) {
-#pragma unroll
-            for (int p = 0; p < NPAIR; ++p) {
-                int ri, r, c;
-                float *v = pair_at(p, ri, r, c);
-                float v0 = v[0] + ebias[c], v1 = v[1] + ebias[c + 1];   // bias is padded to Npad
-                if constexpr (ON) {
-                    v0 += esecond[c];                                    // time bias: 0 past N and without one
-                    v1 += esecond[c + 1];
-                } else if (tb) {
-                    const int m = m0 + r, n = n0 + c;
-                    if (m < M && n < N) v0 += tb[n];
-                    if (m < M && n + 1 < N) v1 += tb[n + 1];
-                }
-                if (gelu) { v0 = gelu_f(v0); v1 = gelu_f(v1); }
-                v[0] = v0;
-                v[1] = v1;
+        // bias and time bias of pair p (in place), and the GELU where `gelu`
+        auto prep_pair = [&](int p, const bool gelu) {
+            int ri, r, c;
+            float *v = pair_at(p, ri, r, c);
+            float v0 = v[0] + ebias[c], v1 = v[1] + ebias[c + 1];   // bias is padded to Npad
+            if constexpr (ON) {
+                v0 += esecond[c];                                    // time bias: 0 past N and without one
+                v1 += esecond[c + 1];
+            } else if (tb) {
+                const int m = m0 + r, n = n0 + c;
+                if (m < M && n < N) v0 += tb[n];
+                if (m < M && n + 1 < N) v1 += tb[n + 1];
             }
+            if (gelu) { v0 = gelu_f(v0); v1 = gelu_f(v1); }
+            v[0] = v0;
+            v[1] = v1;
         };
-        if (act == 1) prep(true); else prep(false);
         // Addresses from the tile's (0, 0) by 32-bit offsets r * ld + c (a sample's view stays under
         // 2^31 elements, as the loaders assume): per pair a constant past its row's offset. The
         // 64-bit (b * M + m) * ld + n of each pair was ~12 instructions per stored pair (Nsight
@@ -546,19 +559,21 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             if constexpr (UPS == 1) {
                 return r;
             } else if constexpr (UPS == 3) {   // r = wm * WTM + row * 16 + i: pixel wm * 16 + i of the tile's row
-                return ((r % WTM) >> 4) * Wout + (r / WTM) * 16 + (r & 15);
+                const unsigned u = r;          // unsigned: WTM = 16 TH, a power of two, so masks and shifts
+                return (int)(((u % WTM) >> 4) * Wout + (u / WTM) * 16 + (u & 15));
             } else {
                 const int mi = sub_m + r, iy = div_small(mi, Win);
                 return (2 * iy + (sub_cls >> 1)) * Wout + 2 * (mi - iy * Win) + (sub_cls & 1);
             }
         };
-#pragma unroll
-        for (int p = 0; p < NPAIR; ++p) {
+        // the residual, store and sum of pair p (after prep_pair); `all`: every row and column of
+        // the tile lies in the output, so the bounds tests fold away
+        auto store_pair = [&](int p, const bool all) {
             int ri, r, c;
             float *v = pair_at(p, ri, r, c);
             float v0 = v[0], v1 = v[1];
             const int m = m0 + r, n = n0 + c;
-            const bool ok0 = m < M && n < N, ok1 = m < M && n + 1 < N;
+            const bool ok0 = all || (m < M && n < N), ok1 = all || (m < M && n + 1 < N);
             const int q = pix(r);
             if (rest) {
                 if (ok0) v0 += D::to_f(rest[q * ldres + c]);
@@ -575,20 +590,89 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             lsum += (ok0 ? v0 : 0.0f) + (ok1 ? v1 : 0.0f);
             v[0] = v0;
             v[1] = v1;
+        };
+        // The stores. A whole tile of 16-bit outputs whose warp tile spans a multiple of 32 columns
+        // (Q16), in an instantiation that knows its activation (ACT 0 or 1), takes one pass per
+        // pair for the bias, GELU, residual and sum (the same values in the same order), and each
+        // quad of lanes then transposes its row's words (4 x 4, quad_transpose) so that a lane holds
+        // 8 consecutive channels and stores them with one 16-byte store (VEC 8: the output view's
+        // offset and pixel stride are multiples of 8 elements): a quarter of the store instructions,
+        // no bounds tests. Why: with the tests folded away but 4-byte stores, ptxas bunched 32 stores
+        // per thread at the end of the epilogue, which cost the 64x64 level's row-tile conv1 4.5 us
+        // at batch 64 (H200) though the loop had half the instructions; with the 16-byte stores the
+        // same op went from 93.4 to 84.4 us (docs/kernels.md).
+        // Every other tile: two passes, the first over all pairs with the GELU decided once (a
+        // lambda with a constant `gelu`, which the generic split-K kernel needs: its `act` is a
+        // runtime value), not by an `act` test per pair (a branch per pair, erff being too long to
+        // predicate, that ptxas does not schedule across); then the residual, stores and sum, with
+        // the bounds tests even where the tile is whole (their branches space the 4-byte stores:
+        // folded away, the row tiles of 16-channel warp tiles lost 3-4 us at batch 4 and 64).
+        constexpr bool Q16 = TC && ACT >= 0 && WHOLE > 0 && sizeof(S) == 2 && VEC == 8 && NF % 4 == 0;
+        const bool whole = WHOLE == 2 || (Q16 && m0 + BM <= M && n0 + BN <= N);
+        auto pass16 = [&]() {
+            const int t = lane & 3;
+#pragma unroll
+            for (int mf = 0; mf < (Q16 ? MF : 0); ++mf) {
+                u32 w[2][NF];
+#pragma unroll
+                for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {   // pair_at's order: p = (mf * NF + nf) * 2 + h
+                        const int p = (mf * NF + nf) * 2 + h;
+                        int ri, r, c;
+                        float *v = pair_at(p, ri, r, c);
+                        prep_pair(p, ACT == 1);
+                        float v0 = v[0], v1 = v[1];
+                        if (rest) {
+                            const int q = pix(r);
+                            v0 += D::to_f(rest[q * ldres + c]);
+                            v1 += D::to_f(rest[q * ldres + c + 1]);
+                        }
+                        lsum += v0 + v1;
+                        v[0] = v0;
+                        v[1] = v1;
+                        w[h][nf] = (u32)D::from_f(v0) | ((u32)D::from_f(v1) << 16);
+                    }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int ri, r, c;
+                    pair_at((mf * NF) * 2 + h, ri, r, c);
+                    S *const o = outt + (pix(r) * ldo + wn * WTN + 8 * t);
+#pragma unroll
+                    for (int g = 0; g < NF / 4; ++g) {
+                        quad_transpose(&w[h][4 * g], t);
+                        *reinterpret_cast<uint4 *>(o + 32 * g) = make_uint4(w[h][4 * g], w[h][4 * g + 1], w[h][4 * g + 2], w[h][4 * g + 3]);
+                    }
+                }
+            }
+        };
+        if (Q16 && whole) {
+            pass16();
+        } else {
+            auto prep = [&](const bool gelu) {
+#pragma unroll
+                for (int p = 0; p < NPAIR; ++p) prep_pair(p, gelu);
+            };
+            if (ACT == 1 || (ACT < 0 && act == 1)) prep(true); else prep(false);
+#pragma unroll
+            for (int p = 0; p < NPAIR; ++p) store_pair(p, false);   // with the tests: see above
         }
         if (st_part) {   // GroupNorm partials of this tile: count, sum, M2 about the tile mean
             const float cnt = (float)(min(BM, M - m0) * min(BN, N - n0));
             const float tsum = block_sum(lsum, red), tmean = __fdividef(tsum, cnt);   // within 2 ulp: M2 grows by n * err^2
-            float lm2 = 0.0f;
+            auto m2 = [&](const bool all) {
+                float lm2 = 0.0f;
 #pragma unroll
-            for (int p = 0; p < NPAIR; ++p) {
-                int ri, r, c;
-                const float *v = pair_at(p, ri, r, c);
-                const int m = m0 + r, n = n0 + c;
-                if (m < M && n < N) lm2 += (v[0] - tmean) * (v[0] - tmean);
-                if (m < M && n + 1 < N) lm2 += (v[1] - tmean) * (v[1] - tmean);
-            }
-            const float tm2 = block_sum(lm2, red);
+                for (int p = 0; p < NPAIR; ++p) {
+                    int ri, r, c;
+                    const float *v = pair_at(p, ri, r, c);
+                    const int m = m0 + r, n = n0 + c;
+                    if (all || (m < M && n < N)) lm2 += (v[0] - tmean) * (v[0] - tmean);
+                    if (all || (m < M && n + 1 < N)) lm2 += (v[1] - tmean) * (v[1] - tmean);
+                }
+                return lm2;
+            };
+            const float tm2 = block_sum(whole ? m2(true) : m2(false), red);
             if (tid == 0)
                 st_part[(size_t)b * mtiles * gridDim.y + blockIdx.y * mtiles + mt] =
                     make_float4(cnt, tsum, tm2, 0.0f);
@@ -597,7 +681,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
 }
 
 // ---- the kernel: register-staged double buffering ---------------------------------------------
-template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, int GATE>
+template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, int GATE, int ACT>
 __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
     typedef typename D::S S;
     constexpr bool TC = D::TC;
@@ -771,12 +855,12 @@ __device__ __forceinline__ void conv_gemm(CONV_PARAMS) {
         __syncthreads();   // one barrier: the other buffer was last read before the previous one
     }
 
-    conv_finish<D, BM, BN, WM, WN, VEC, GATE>(acc, mtiles, mt, sk, red, pre, nullptr, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, GATE, 1, 1, ACT>(acc, mtiles, mt, sk, red, pre, nullptr, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation (cache-friendly on every CuPy version); the host
 // generates the list from the plan's distinct shapes (runtime/gpu/kernels.py).
 #define CONV_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, F)                   \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN) name(CONV_PARAMS) {           \
-        conv_gemm<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE>(CONV_FEATURE_ARGS(F));       \
+        conv_gemm<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, FT_ACT(F)>(CONV_FEATURE_ARGS(F));       \
     }

@@ -37,7 +37,7 @@
 // and leaves the in-bounds ones as loaded.
 // sm_80+ (cp.async, ldmatrix, mma.sync); nothing of Hopper.
 
-template <class D, int BM, int BN, int BK, int WM, int WN, int UP, int STAGES, bool FOLD>
+template <class D, int BM, int BN, int BK, int WM, int WN, int UP, int STAGES, bool FOLD, int ACT>
 __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     typedef typename D::S S;
     typedef SwizzledTile<BK> L;
@@ -232,7 +232,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
     }
     cp_async_wait<0>();
 
-    conv_finish<D, BM, BN, WM, WN, VEC, false>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, false, 1, 0, ACT>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
 }
 
 // One extern "C" kernel per instantiation; symbols end in _h<STAGES>. Register cap for tiles with
@@ -242,7 +242,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
 #define CONV_HALO_INSTANCE(name, D, BM, BN, BK, WM, WN, UP, STAGES, FOLD, F)                      \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, HALO_MIN_CTAS(BM, BN, WM, WN))         \
         name(CONV_PARAMS) {                                                                      \
-        conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES, FOLD>(CONV_FEATURE_ARGS(F));           \
+        conv_gemm_halo<D, BM, BN, BK, WM, WN, UP, STAGES, FOLD, FT_ACT(F)>(CONV_FEATURE_ARGS(F));           \
     }
 
 // ---- the row-tile halo conv (conv_gemm_halo_rows, ConvKey.rows) ---------------------------------
@@ -266,7 +266,7 @@ __device__ __forceinline__ void conv_gemm_halo(CONV_PARAMS) {
 // distinct banks at any pixel shift (the row pitch TW + 8 keeps that bit across rows).
 __device__ __forceinline__ u32 rows_swz(int row, int h) { return (u32)(row * 32 + ((h ^ ((row >> 2) & 1)) << 4)); }
 
-template <class D, int BM, int BN, int WM, int WN, int STAGES, bool FOLD>
+template <class D, int BM, int BN, int WM, int WN, int STAGES, bool FOLD, int ACT>
 __device__ __forceinline__ void conv_gemm_halo_rows(CONV_PARAMS) {
     typedef typename D::S S;
     constexpr int BK = 16, VEC = 8, NT = 32 * WM * WN;
@@ -413,7 +413,7 @@ __device__ __forceinline__ void conv_gemm_halo_rows(CONV_PARAMS) {
         st = st + 1 == STAGES ? 0 : st + 1;
     }
     cp_async_wait<0>();
-    conv_finish<D, BM, BN, WM, WN, VEC, false, 3>(acc, mtiles, mt, 0, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
+    conv_finish<D, BM, BN, WM, WN, VEC, false, 3, 2, ACT>(acc, mtiles, mt, 0, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
 }
 
 // Symbols end in _r<STAGES>. Register cap: 8 or more warps 128 (16 warps per SM), fewer 168 (as the
@@ -421,5 +421,5 @@ __device__ __forceinline__ void conv_gemm_halo_rows(CONV_PARAMS) {
 #define ROWS_MIN_CTAS(WM, WN) ((WM) * (WN) >= 8 ? 16 / ((WM) * (WN)) : 12 / ((WM) * (WN)))
 #define CONV_HALO_ROWS_INSTANCE(name, D, BM, BN, WM, WN, STAGES, FOLD, F)                           \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, ROWS_MIN_CTAS(WM, WN)) name(CONV_PARAMS) {  \
-        conv_gemm_halo_rows<D, BM, BN, WM, WN, STAGES, FOLD>(CONV_FEATURE_ARGS(F));               \
+        conv_gemm_halo_rows<D, BM, BN, WM, WN, STAGES, FOLD, FT_ACT(F)>(CONV_FEATURE_ARGS(F));               \
     }

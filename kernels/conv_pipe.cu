@@ -196,7 +196,7 @@ template <class S> __device__ __forceinline__ S *dyn_ring(int table_bytes) {
 }
 
 template <class D, int BM, int BN, int BK, int WM, int WN, int KH, int ST, int UP, int VEC, int GATE, int STAGES,
-          int KS, bool FOLD>
+          int KS, bool FOLD, int ACT>
 __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     typedef typename D::S S;
     typedef SwizzledTile<BK> L;
@@ -411,13 +411,13 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     cp_async_wait<0>();   // only empty groups remain; leave nothing in flight
 
     if constexpr (KS == 1) {
-        conv_finish<D, BM, BN, WM, WN, VEC, GATE, UP>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
+        conv_finish<D, BM, BN, WM, WN, VEC, GATE, UP, 1, ACT>(acc, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr, CONV_ARGS);
     } else {
         static_assert(RING * sizeof(S) >= 4u * BM * BN * (KS - 1), "the slices' exchange fits in the ring");
         __syncthreads();   // every warp is done with the ring
         float mine[MF][NF / KS][4];
         slice_exchange<MF, NF, KS>(acc, mine, reinterpret_cast<float *>(ring), wm * WN + wn, slice, lane);
-        conv_finish<D, BM, BN, WM, WN * KS, VEC, GATE, UP>(mine, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr,
+        conv_finish<D, BM, BN, WM, WN * KS, VEC, GATE, UP, 1, ACT>(mine, mtiles, mt, sk, red, pre, FOLD ? fcol : nullptr,
                                                            CONV_ARGS);
     }
 }
@@ -430,5 +430,5 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
 #define CONV_PIPE_INSTANCE(name, D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD, F)        \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN * KS, PIPE_MIN_CTAS(BM, BN, WM, WN, KS))     \
         name(CONV_PARAMS) {                                                                                \
-        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD>(CONV_FEATURE_ARGS(F)); \
+        conv_gemm_pipe<D, BM, BN, BK, WM, WN, KH, ST, UP, VEC, GATE, STAGES, KS, FOLD, FT_ACT(F)>(CONV_FEATURE_ARGS(F)); \
     }

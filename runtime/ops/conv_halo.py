@@ -24,6 +24,7 @@ class ConvGeom:
     cr: int       # residual K segment channels (0: none)
     wout: int
     norm: bool
+    cout: int = 0   # output channels N (0: not checked)
 
 
 def halo_smem(key: ConvKey, g: ConvGeom) -> int:
@@ -64,7 +65,7 @@ def conv_geom(op: Op, ctx: Ctx) -> ConvGeom:
     t = ctx.plan.tensors
     xr = k_residual(op)
     return ConvGeom(t[op.x].channels, t[xr].channels if xr else 0, t[op.out].size,
-                    bool(op.norm))
+                    bool(op.norm), t[op.out].channels)
 
 
 def builtin_halo(key: ConvKey, op: Op, ctx: Ctx, ot: Tensor) -> Optional[ConvKey]:
@@ -108,6 +109,7 @@ def rows_problems(key: ConvKey, g: ConvGeom) -> List[str]:
          f"BK {key.bk}, Cin {g.cin}, residual {g.cr}: 16-channel chunks"),
         (16 * key.wm != g.wout, f"{key.wm} warps across a row of {g.wout} pixels (16 each)"),
         (not th or key.bm % g.wout or g.wout % th, f"BM {key.bm}: whole rows that divide the {g.wout} rows"),
+        (g.cout % key.bn, f"BN {key.bn} does not divide the {g.cout} output channels (whole tiles only)"),
         ((key.bn // key.wn) % 16 or key.wm * key.wn > 16,
          f"warp tile of {key.bn // key.wn} channels, {key.threads} threads"),
         (not 2 <= key.stages <= 4, f"{key.stages} stages"),

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 from jetson_unet.ops.conv_halo import ConvGeom, HALO_SMEM_LIMIT, halo_problems, rows_problems
+from jetson_unet.ops.keys import FEATURES
 from jetson_unet.ops.specs import op_spec
-from tests.emulated.test_conv_pipe_emulated import Problem, build_lib, key, values
+from tests.emulated.test_conv_pipe_emulated import (Problem, assert_same_bits, build_lib, key, own_features,
+                                                    reference_run, values)
 
 pytestmark = pytest.mark.slow
 
@@ -77,12 +79,15 @@ def test_halo_geometry_checks():
     assert any("warps across a row" in p for p in rows_problems(rows(64, 64, 2, 2), g))
     assert any("divide" in p for p in rows_problems(rows(48, 64, 1, 2), g))
     assert any("16-channel" in p for p in rows_problems(rows(64, 64, 1, 2), dataclasses.replace(g, cin=40)))
+    # the row tiles store without bounds tests (conv.cu conv_finish, WHOLE 2): BN must divide N
+    assert rows_problems(rows(64, 64, 1, 2), dataclasses.replace(g, cout=128)) == []
+    assert any("output channels" in p for p in rows_problems(rows(64, 64, 1, 2), dataclasses.replace(g, cout=96)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_halo_conv_matches_im2col_conv(emu_lib, case):
     name, ref_key, halo_key, shape, exact = case
-    geom = ConvGeom(shape["cin"], shape["cr"], shape["hin"] * ref_key.up, shape.get("norm", False))
+    geom = ConvGeom(shape["cin"], shape["cr"], shape["hin"] * ref_key.up, shape.get("norm", False), shape["n"])
     assert halo_problems(halo_key, geom) == [], name
     prob = Problem(ref_key, **shape)
     want_out, want_st = prob.run(emu_lib, ref_key)
@@ -101,6 +106,26 @@ def test_halo_conv_matches_im2col_conv(emu_lib, case):
         err = np.abs(got - want).max()
         assert err <= tol, f"{halo_key.symbol}: max |diff| {err:.3g} > {tol:.3g}"
         np.testing.assert_allclose(got_st[..., :2], want_st[..., :2], rtol=1e-3, atol=1e-2 * np.abs(want).max())
+
+
+# the halo and row tiles compiled for their op's own features (compile-time activation: one pass per
+# output pair; the row tiles' quad-transposed 16-byte stores) against the generic instance (split-K:
+# every feature, the activation a runtime value, two passes)
+HALO_FEAT_CASES = [(name, hk, dataclasses.replace(hk, feat=own_features(shape)), shape)
+                   for name, _, hk, shape, _ in CASES if own_features(shape) != FEATURES]
+
+
+@pytest.fixture(scope="module")
+def feat_lib(tmp_path_factory):
+    return build_lib([k for _, full, own, _ in HALO_FEAT_CASES for k in (full, own)],
+                     tmp_path_factory.mktemp("emu-halo-feat"))
+
+
+@pytest.mark.parametrize("case", HALO_FEAT_CASES, ids=[c[0] for c in HALO_FEAT_CASES])
+def test_halo_own_features_equal_generic_bit_for_bit(feat_lib, case):
+    _, full, own, shape = case
+    prob, want = reference_run(feat_lib, full, shape, "every-feature")
+    assert_same_bits(prob.run(feat_lib, own), want, f"{own.symbol} against {full.symbol}")
 
 
 @pytest.mark.parametrize("kind", ["halo", "rows", "k slices", "gate", "sub-pixel"])
