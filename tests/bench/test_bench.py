@@ -57,7 +57,9 @@ def test_a_run_samples_again_until_it_has_lasted_min_run_s(weights_path: Path, t
     assert bench.main(base_args(weights_path, tmp_path / "a") + ["--batch", "2"]) == 0
     one = json.loads((tmp_path / "a" / "bench.json").read_text())["configs"][0]["runs"][0]
     assert one["passes"] == 1 and one["images"] == 2
-    least = 1.5 * one["wall_s"]   # at least two passes of about that length
+    # at least two passes of about that length, even where a pass runs 2.5x slower than the first run
+    # (1.5x failed once with a 2-core machine shared with a compile)
+    least = 3 * one["wall_s"]
     assert bench.main(base_args(weights_path, tmp_path / "b") + ["--batch", "2", "--min-run-s", str(least)]) == 0
     run = json.loads((tmp_path / "b" / "bench.json").read_text())["configs"][0]["runs"][0]
     assert run["passes"] >= 2 and run["images"] == 2 * run["passes"] and run["wall_s"] >= least, run
