@@ -343,15 +343,17 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[MF][NF][4], saddr A, sadd
     }
 }
 
-// The 4 x 4 transpose of a[0..3] over the 4 lanes of a quad (lane t of the quad: t): afterwards lane t
-// holds, in a[j], what lane j held in a[t]. Two shuffle rounds (lanes t ^ 1, then t ^ 2), each trading
-// the two words whose index differs from t in that bit.
-__device__ __forceinline__ void quad_transpose(u32 *a, int t) {
+// The N x N transpose (N 2 or 4) of a[0..N-1] over N neighbouring lanes (the lane's place among them:
+// t mod N): afterwards lane t holds, in a[j], what lane j of its group held in a[t mod N]. One shuffle
+// round per bit of N - 1 (lanes t ^ 1, then t ^ 2), each trading the words whose index differs from t
+// in that bit.
+template <int N>
+__device__ __forceinline__ void lane_transpose(u32 *a, int t) {
 #pragma unroll
-    for (int bit = 1; bit <= 2; bit <<= 1) {
+    for (int bit = 1; bit < N; bit <<= 1) {
         const bool hi = t & bit;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < N; ++k) {
             if (k & bit) continue;
             const u32 r = __shfl_xor_sync(0xffffffffu, hi ? a[k] : a[k + bit], bit);
             if (hi) a[k] = r; else a[k + bit] = r;
@@ -566,14 +568,13 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                 return (2 * iy + (sub_cls >> 1)) * Wout + 2 * (mi - iy * Win) + (sub_cls & 1);
             }
         };
-        // the residual, store and sum of pair p (after prep_pair); `all`: every row and column of
-        // the tile lies in the output, so the bounds tests fold away
-        auto store_pair = [&](int p, const bool all) {
+        // the residual, store and sum of pair p (after prep_pair), each element tested against M and N
+        auto store_pair = [&](int p) {
             int ri, r, c;
             float *v = pair_at(p, ri, r, c);
             float v0 = v[0], v1 = v[1];
             const int m = m0 + r, n = n0 + c;
-            const bool ok0 = all || (m < M && n < N), ok1 = all || (m < M && n + 1 < N);
+            const bool ok0 = m < M && n < N, ok1 = m < M && n + 1 < N;
             const int q = pix(r);
             if (rest) {
                 if (ok0) v0 += D::to_f(rest[q * ldres + c]);
@@ -591,13 +592,14 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             v[0] = v0;
             v[1] = v1;
         };
-        // The stores. A whole tile of 16-bit outputs whose warp tile spans a multiple of 32 columns
-        // (Q16), in an instantiation that knows its activation (ACT 0 or 1), takes one pass per
-        // pair for the bias, GELU, residual and sum (the same values in the same order), and each
-        // quad of lanes then transposes its row's words (4 x 4, quad_transpose) so that a lane holds
-        // 8 consecutive channels and stores them with one 16-byte store (VEC 8: the output view's
-        // offset and pixel stride are multiples of 8 elements): a quarter of the store instructions,
-        // no bounds tests. Why: with the tests folded away but 4-byte stores, ptxas bunched 32 stores
+        // The stores. A whole tile of 16-bit outputs whose warp tile spans a multiple of 16 columns
+        // (QW), in an instantiation that knows its activation (ACT 0 or 1), takes one pass per pair
+        // for the bias, GELU, residual and sum (the same values in the same order), and each quad of
+        // lanes then transposes its row's words (lane_transpose: 4 x 4 where the warp tile spans a
+        // multiple of 32 columns, else 2 x 2 between lane pairs) so that a lane holds 8 (4)
+        // consecutive channels and stores them with one 16-byte (8-byte) store (VEC 8: the output
+        // view's offset and pixel stride are multiples of 8 elements): a quarter (half) of the store
+        // instructions, no bounds tests. Why: with the tests folded away but 4-byte stores, ptxas bunched 32 stores
         // per thread at the end of the epilogue, which cost the 64x64 level's row-tile conv1 4.5 us
         // at batch 64 (H200) though the loop had half the instructions; with the 16-byte stores the
         // same op went from 93.4 to 84.4 us (docs/kernels.md).
@@ -607,7 +609,8 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         // predicate, that ptxas does not schedule across); then the residual, stores and sum, with
         // the bounds tests even where the tile is whole (their branches space the 4-byte stores:
         // folded away, the row tiles of 16-channel warp tiles lost 3-4 us at batch 4 and 64).
-        constexpr bool Q16 = TC && ACT >= 0 && WHOLE > 0 && sizeof(S) == 2 && VEC == 8 && NF % 4 == 0;
+        constexpr int QW = NF % 4 == 0 ? 4 : NF % 2 == 0 ? 2 : 0;   // words per lane transpose
+        constexpr bool Q16 = TC && ACT >= 0 && WHOLE > 0 && sizeof(S) == 2 && VEC == 8 && QW > 0;
         const bool whole = WHOLE == 2 || (Q16 && m0 + BM <= M && n0 + BN <= N);
         auto pass16 = [&]() {
             const int t = lane & 3;
@@ -637,11 +640,15 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                 for (int h = 0; h < 2; ++h) {
                     int ri, r, c;
                     pair_at((mf * NF) * 2 + h, ri, r, c);
-                    S *const o = outt + (pix(r) * ldo + wn * WTN + 8 * t);
+                    // a group of QW n-fragments is 8 QW columns; lane t's channels in it: 8 t (QW 4),
+                    // or 4 (t >> 1) + 8 (t & 1) (QW 2: the even lane of a pair has fragment 0's)
+                    S *const o = outt + (pix(r) * ldo + wn * WTN + (QW == 4 ? 8 * t : 4 * (t >> 1) + 8 * (t & 1)));
 #pragma unroll
-                    for (int g = 0; g < NF / 4; ++g) {
-                        quad_transpose(&w[h][4 * g], t);
-                        *reinterpret_cast<uint4 *>(o + 32 * g) = make_uint4(w[h][4 * g], w[h][4 * g + 1], w[h][4 * g + 2], w[h][4 * g + 3]);
+                    for (int g = 0; g < (QW ? NF / QW : 0); ++g) {
+                        u32 *const a = &w[h][QW * g];
+                        lane_transpose<QW>(a, t);
+                        if constexpr (QW == 4) *reinterpret_cast<uint4 *>(o + 32 * g) = make_uint4(a[0], a[1], a[2], a[3]);
+                        else *reinterpret_cast<uint2 *>(o + 16 * g) = make_uint2(a[0], a[1]);
                     }
                 }
             }
@@ -655,7 +662,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             };
             if (ACT == 1 || (ACT < 0 && act == 1)) prep(true); else prep(false);
 #pragma unroll
-            for (int p = 0; p < NPAIR; ++p) store_pair(p, false);   // with the tests: see above
+            for (int p = 0; p < NPAIR; ++p) store_pair(p);   // tested even in a whole tile: see above
         }
         if (st_part) {   // GroupNorm partials of this tile: count, sum, M2 about the tile mean
             const float cnt = (float)(min(BM, M - m0) * min(BN, N - n0));

@@ -54,6 +54,8 @@ CASES = [
     # table and folded; the residual K segment and the epilogue residual; fp16 and bf16
     ("rows-table-norm-tbias-gelu-res", key(64, 32, 32, stages=3), rows(64, 32, 1, 1),
      dict(hin=16, cin=32, n=32, cr=0, batch=2, norm=True, tbias=True, act=1, res=True), False),
+    ("rows-16-channel-warps-gelu-res", key(64, 32, 32, stages=3), rows(64, 32, 1, 2),
+     dict(hin=16, cin=32, n=32, cr=0, batch=2, norm=True, tbias=True, act=1, res=True), False),
     ("rows-folded-residual-conv", key(64, 64, 32, stages=3, fold=True), rows(64, 64, 1, 2, fold=True),
      dict(hin=16, cin=48, n=64, cr=32, batch=1, norm=True), False),
     ("rows-32-wide-3-stages", key(128, 32, 32, stages=3), rows(128, 32, 2, 1, stages=3),
