@@ -13,7 +13,8 @@ rounds, split into one module per core and compiled side by side (build_shards);
 executor whose ops each take their r-th candidate and times every GEMM/gate launch alone (a CUDA
 graph of 20 back-to-back launches, median of 3 event-timed windows;
 jetson_unet.bench.timing.per_op_times). Then the split-K factors of each
-op's fastest few tile shapes (`--split-top`, default 3) are timed the same way: a tile that loses at
+op's fastest few tile shapes (`--split-top`, default 3) are timed the same way, their kernels (a
+kernel knows its op's split) compiled once, side by side, before those rounds: a tile that loses at
 the built-in split can win at another (on an H100 at batch 16, downs.2.block1.conv1 went from 9.41
 to 8.21 us as a 32x64 tile unsplit, where the built-in rule splits it in two and the 32x32 tile had
 won the tile round). One line says on how many ops split-K won and how near its best came on the
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -61,6 +63,21 @@ def graph_ms(ex: GpuExecutor, backend: Any, x: np.ndarray, iters: int = 100) -> 
     ex.run(s, tp)
     g = backend.capture_end(s)
     return timed(backend, s, lambda: g.launch(s), 20, iters, 3)
+
+
+def tile_key(ops: Dict[str, Any], ctx: Ctx, name: str, tile: TileChoice) -> Any:
+    """The kernel key of op `name` (of `ops`) with `tile`."""
+    return op_key(ops[name], dataclasses.replace(ctx, tiles={name: tile}))
+
+
+def build_modules(weights: Any, precision: str, backend: Any, keys: Sequence[Any], shards: int,
+                  memo: Dict[Any, Any]) -> float:
+    """Compile the modules of `keys` (build_shards modules, side by side) by building an executor
+    that carries them; every later executor with the same extra keys loads them. Returns seconds."""
+    t0 = time.perf_counter()
+    GpuExecutor(weights, precision, batch=1, backend=backend, policy=KernelPolicy(tiles=BUILTIN),
+                extra_keys=keys, shards=shards, memo=memo).close()
+    return time.perf_counter() - t0
 
 
 def build_shards(cpus: Optional[int] = None, available: Optional[int] = None) -> int:
@@ -115,10 +132,12 @@ def top_shapes(timings: list, n: int) -> List[TileChoice]:
 
 
 def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence[Any],
-         cands: Dict[str, List[TileChoice]], ksegs: Dict[str, List[int]], out_dir: Path, split_top: int = 3,
-         command: str = PROG, shards: int = 1, memo: Optional[Dict[Any, Any]] = None) -> Dict[str, Any]:
+         cands: Dict[str, List[TileChoice]], ksegs: Dict[str, List[int]], key_of: Callable[[str, TileChoice], Any],
+         out_dir: Path, split_top: int = 3, command: str = PROG, shards: int = 1,
+         memo: Optional[Dict[Any, Any]] = None) -> Dict[str, Any]:
     """Time the candidates, then the split-K factors of each op's `split_top` fastest tile shapes;
-    write the tuning file of this batch into out_dir and return what it records."""
+    write the tuning file of this batch into out_dir and return what it records. `extra`: the
+    candidates' kernel keys (built); key_of(op, tile): the key of one more tile of an op."""
     names = list(cands)
     rounds = as_rounds(cands)
     print(f"b{batch}: {len(names)} ops, {len(rounds)} tile rounds", flush=True)
@@ -129,7 +148,12 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     splits = {n: [v for t in top_shapes(seen[n], split_top) for v in with_splits(t, ksegs[n]) if v != best[n][1]]
               for n in names}
     rounds = as_rounds(splits)
-    print(f"b{batch}: {len(rounds)} {label} rounds", flush=True)
+    # a kernel knows its op's split: the split rounds' kernels, built once before them, side by side
+    # (left to the rounds, each round's executor built a module set of its own: 15-30 s a round, H200)
+    memo = {} if memo is None else memo
+    extra = sorted(set(extra) | {key_of(n, t) for n, ts in splits.items() for t in ts}, key=lambda k: k.symbol)
+    secs = build_modules(weights, precision, backend, extra, shards, memo)
+    print(f"b{batch}: {len(rounds)} {label} rounds ({len(extra)} kernels built in {secs:.1f} s)", flush=True)
     rec: Dict[str, Dict[str, float]] = {}   # how near split-K came where it lost
     for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra, shards, memo).items():
         if rs:
@@ -206,23 +230,17 @@ def tune_main(argv: Optional[Sequence[str]] = None) -> int:
     per_batch, extra, memo = {}, set(), {}   # memo: each op's weights packed once per tile shape
     for b in args.batch:   # every candidate of every batch in one module: one build for all rounds
         ctx = Ctx(plan, weights.params, args.precision, b, sms, view_layout(plan), memo=memo)
-        cands, ksegs = {}, {}
-        for op in plan.ops:
-            if not tunable(op, ctx):
-                continue
-            cands[op.out] = candidates(op, ctx)
-            for t in cands[op.out]:
-                extra.add(op_key(op, dataclasses.replace(ctx, tiles={op.out: t})))
-            ksegs[op.out] = k_segments(op, ctx)
-        per_batch[b] = (cands, ksegs)
+        ops = {op.out: op for op in plan.ops if tunable(op, ctx)}
+        key_of = functools.partial(tile_key, ops, ctx)
+        cands = {n: candidates(op, ctx) for n, op in ops.items()}
+        extra.update(key_of(n, t) for n, ts in cands.items() for t in ts)
+        per_batch[b] = (cands, {n: k_segments(op, ctx) for n, op in ops.items()}, key_of)
     keys = sorted(extra, key=lambda k: k.symbol)
     shards = build_shards()
     print(f"device: {backend.device_name()} ({sms} SMs); {len(keys)} candidate kernels in {shards} modules",
           flush=True)
-    t0 = time.perf_counter()
-    GpuExecutor(weights, args.precision, batch=1, backend=backend, policy=KernelPolicy(tiles=BUILTIN),
-                extra_keys=keys, shards=shards, memo=memo).close()
-    print(f"module built in {time.perf_counter() - t0:.1f} s", flush=True)
+    secs = build_modules(weights, args.precision, backend, keys, shards, memo)
+    print(f"module built in {secs:.1f} s", flush=True)
     results = [tune(weights, args.precision, b, backend, keys, *per_batch[b], out_dir, args.split_top, command,
                     shards, memo) for b in args.batch]
     if args.json:

@@ -95,7 +95,19 @@ def weights():
 def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_path, monkeypatch):
     fake = TimedFake()
     monkeypatch.setattr(tune, "get_backend", lambda name, sms=None: fake)
+    # no round compiles: every kernel a round runs was built before the rounds (a kernel knows its
+    # op's split, and building one module set per split-K round took 15-30 s each on an H200)
+    compiled, in_rounds, compile_source, time_rounds = [], [], fake.compile_source, tune.time_rounds
+    monkeypatch.setattr(fake, "compile_source", lambda *a, **k: compiled.append(a[1]) or compile_source(*a, **k))
+
+    def counted_rounds(*a, **k):
+        before = len(compiled)
+        seen = time_rounds(*a, **k)
+        in_rounds.append(len(compiled) - before)
+        return seen
+    monkeypatch.setattr(tune, "time_rounds", counted_rounds)
     assert tune.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path)]) == 0
+    assert in_rounds == [0, 0] and compiled
     path = tmp_path / "tiles-fake-8sm-fp16-b2.json"
     doc = json.loads(path.read_text())
     assert doc["device"] == "fake" and doc["sms"] == 8 and doc["batch"] == 2
