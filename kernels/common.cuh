@@ -132,6 +132,11 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], saddr a) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
+// Two matrices: lanes 0..7 and 8..15 give their row addresses (the others' are not read).
+__device__ __forceinline__ void ldmatrix_x2(u32 r[2], saddr a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
 // ---- math ---------------------------------------------------------------------------------------
 // a / d for 0 <= a < 2^22 and d >= 1, through the fp32 reciprocal: the estimate is within 0.75 of
 // a / d (rcp.approx and the product err by < 1.5 * 2^-23 relative), so its truncation is off by at

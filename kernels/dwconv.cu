@@ -308,11 +308,12 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
             hdst[k * NPH * (PC / 2) + (2 * j + 1) * (PLANE / 2)] = __byte_perm(a[j], c[j], 0x7632);   // high: 2 j + 1
         }
     }
-    float add[CPW];   // bias + time bias, consumed in the epilogue: loaded under the mma
-#pragma unroll
-    for (int q = 0; q < CPW; ++q) {
-        const int c = c0 + warp * CPW + q;
-        add[q] = c < C ? bias[c] + (tbias ? tbias[tb_i * tb_stride + c] : 0.0f) : 0.0f;
+    // bias + time bias of the CTA's channels, for the epilogue: in smem, not CPW registers held
+    // through the mma
+    __shared__ float add[CC];
+    if (tid < CC) {
+        const int c = c0 + tid;
+        add[tid] = c < C ? bias[c] + (tbias ? tbias[tb_i * tb_stride + c] : 0.0f) : 0.0f;
     }
     __syncthreads();
 
@@ -331,14 +332,19 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[q][cb][e] = 0.0f;
 #pragma unroll
-        for (int ky = 0; ky < K; ++ky)
-#pragma unroll
-            for (int cb = 0; cb < 2; ++cb) {
-                u32 a[4];
-                ldmatrix_x4(a, abase + (u32)((cl * PLANE + (cl / VEC) * GPAD + ky * PC + cb * 8) * 2));
-                const u32 bb[2] = {bf[ky].x, bf[ky].y};
-                D::mma(acc[q][cb], a, bb);
-            }
+        for (int ky = 0; ky < K; ++ky) {
+            // columns 0..15 for block 0; block 1's columns 8..15 are the same two matrices, so only
+            // its columns 16..23 are loaded (6 matrices a row, not 8)
+            const saddr row = abase + (u32)((cl * PLANE + (cl / VEC) * GPAD + ky * PC) * 2);
+            u32 a[4];
+            const u32 bb[2] = {bf[ky].x, bf[ky].y};
+            ldmatrix_x4(a, row);
+            D::mma(acc[q][0], a, bb);
+            a[0] = a[2];
+            a[1] = a[3];
+            ldmatrix_x2(a + 2, row + 16 * 2);
+            D::mma(acc[q][1], a, bb);
+        }
     }
     __syncthreads();   // every warp is done with the planes: they take the outputs next
 
@@ -354,8 +360,8 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float &v0 = acc[q][cb][2 * h], &v1 = acc[q][cb][2 * h + 1];
-                v0 += add[q];
-                v1 += add[q];
+                v0 += add[cl];
+                v1 += add[cl];
                 ost[cl * (OSTR / 2) + (g + 8 * h) * (TW / 2) + cb * 4 + t] = (u32)D::from_f(v0) | ((u32)D::from_f(v1) << 16);
             }
     }

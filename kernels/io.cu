@@ -18,12 +18,13 @@
 //   load, the taps padded with zero weights to whole 16-deep mma steps (7x7: 13 steps, 52 taps). The
 //   halo tile is converted to the 16-bit type once, when staged ([row][col][4 channels]). Weights
 //   come from the host in mma B-fragment order (ops.pack_init_tc: [step][n8 tile][lane] u32 pairs),
-//   so each fragment is one 8-byte smem load per lane. CTA: 4 warps over 4 rows x 16 columns, warp w
-//   row w (one m16 tile), 32 output channels per pass over CoutP (a multiple of 32, zero-padded by
-//   the host). Launch: grid (tiles + 1, 1, B) with tiles = ceil(H / 4) * ceil(W / 16), block 128,
-//   dynamic smem 8 * (4 + K - 1) * (16 + K - 1) + 8 * steps * CoutP / 8 * 32 bytes. Taller tiles (2
-//   or 4 rows per warp: a CTA's weight staging serving 2-4x the pixels) were slower on the H100 at
-//   batch 1 and 16 alike. The FFMA kernel above stays the fp32
+//   so each fragment is one 8-byte smem load per lane. CTA: 4 warps over TH = 4 RW rows x 16
+//   columns, warp w rows w, w + 4, ... (one m16 tile each), 32 output channels per pass over CoutP
+//   (a multiple of 32, zero-padded by the host). RW (rows per warp) 1, or 4 where the one-row grid
+//   is deep (ops.io.init_tc_rows): a CTA's weight staging (13 KB of fragments for the default model,
+//   3x its outputs' bytes at RW 1) then serves 4x the pixels. Launch: grid (tiles + 1, 1, B) with
+//   tiles = ceil(H / TH) * ceil(W / 16), block 128, dynamic smem 8 * (TH + K - 1) * (16 + K - 1) +
+//   8 * steps * CoutP / 8 * 32 bytes. The FFMA kernel above stays the fp32
 //   path (and the path for wider images): it issues ~13x the instructions per output (147 FFMA per
 //   pixel and channel).
 // final_conv: eps = conv_1x1(x) + bias, x in the activation dtype (pixel stride ldx), eps fp32 with
@@ -174,11 +175,11 @@ __device__ __forceinline__ void init_conv(INIT_PARAMS) {
     }
 }
 
-template <class D, int K, int CIN>
+template <class D, int K, int CIN, int RW>
 __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
     if (step_advance(tiles, counter, t_idx, cur, t_of_step, coef, noise_row, n_steps)) return;
     typedef typename D::S S;
-    constexpr int NT = 128, TW = 16, TH = 4, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
+    constexpr int NT = 128, TW = 16, TH = 4 * RW, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
     constexpr int TAPS = K * K, STEPS = (4 * TAPS + 15) / 16, NPIX = HH * HW, PPT = (NPIX + NT - 1) / NT;
     constexpr int WCH = 8;   // 16-byte weight vectors per thread per staging chunk
     static_assert(CIN >= 1 && CIN <= 4, "tensor-core init_conv: images of 1-4 channels");
@@ -226,8 +227,9 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
     // words), a2 / a3 two taps on. A tap's word offset is a constant of the unrolled step, so only
     // the choice between two of them (t / 2) is left to run time.
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, h = t >> 1;
-    const int base = (warp * HW + g) * 2 + (t & 1);
     auto tap_words = [](int tap) { return tap < TAPS ? ((tap / K) * HW + tap % K) * 2 : 0; };   // padded taps: any finite value
+    constexpr int RB = RW < 2 ? RW : 2;   // rows a B fragment serves (4: 166 registers on sm_87)
+    for (int rb = 0; rb < RW; rb += RB)
     for (int j0 = 0; j0 < NJ; j0 += 4) {
         float bv[4][2];
 #pragma unroll
@@ -235,40 +237,55 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
             bv[j][0] = bias[(j0 + j) * 8 + 2 * t];
             bv[j][1] = bias[(j0 + j) * 8 + 2 * t + 1];
         }
-        float acc[4][4];
+        // the warp's rows warp + 4 rb, + 4 (rb + 1) side by side, so each B fragment is read once a
+        // step for both
+        float acc[RB][4][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int rr = 0; rr < RB; ++rr)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[rr][j][q] = 0.0f;
+        const int base = ((warp + 4 * rb) * HW + g) * 2 + (t & 1);
 #pragma unroll
         for (int s = 0; s < STEPS; ++s) {
-            const int oa = base + (h ? tap_words(4 * s + 1) : tap_words(4 * s));
-            const int ob = base + (h ? tap_words(4 * s + 3) : tap_words(4 * s + 2));
-            const u32 a[4] = {tile[oa], tile[oa + 16], tile[ob], tile[ob + 16]};
+            u32 bf[4][2];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const uint2 v = wsm[(s * NJ + j0 + j) * 32 + lane];
-                const u32 bf[2] = {v.x, v.y};
-                D::mma(acc[j], a, bf);
+                bf[j][0] = v.x;
+                bf[j][1] = v.y;
+            }
+            const int oa = base + (h ? tap_words(4 * s + 1) : tap_words(4 * s));
+            const int ob = base + (h ? tap_words(4 * s + 3) : tap_words(4 * s + 2));
+#pragma unroll
+            for (int rr = 0; rr < RB; ++rr) {
+                const int ro = rr * 4 * HW * 2;
+                const u32 a[4] = {tile[oa + ro], tile[oa + ro + 16], tile[ob + ro], tile[ob + ro + 16]};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) D::mma(acc[rr][j], a, bf[j]);
             }
         }
         // C fragments: c0, c1 = pixel g, columns 2t, 2t + 1 of the n8 tile; c2, c3 = pixel g + 8
-        const int oy = y0 + warp;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int ox = x0 + g + 8 * r;
-            if (oy >= H || ox >= W) continue;
-            S *o = out + ((size_t)(b * H + oy) * W + ox) * ldo;
+        for (int rr = 0; rr < RB; ++rr) {
+            const int oy = y0 + warp + 4 * (rb + rr);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int n = (j0 + j) * 8 + 2 * t;
-                const float v0 = acc[j][2 * r] + bv[j][0], v1 = acc[j][2 * r + 1] + bv[j][1];
-                if (n + 1 < Cout && ((size_t)(o + n) & 3) == 0) {
-                    Vec<S, 2> pr; pr.v[0] = D::from_f(v0); pr.v[1] = D::from_f(v1);
-                    vstore<S, 2>(o + n, pr);
-                } else {
-                    if (n < Cout) o[n] = D::from_f(v0);
-                    if (n + 1 < Cout) o[n + 1] = D::from_f(v1);
+            for (int r = 0; r < 2; ++r) {
+                const int ox = x0 + g + 8 * r;
+                if (oy >= H || ox >= W) continue;
+                S *o = out + ((size_t)(b * H + oy) * W + ox) * ldo;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int n = (j0 + j) * 8 + 2 * t;
+                    const float v0 = acc[rr][j][2 * r] + bv[j][0], v1 = acc[rr][j][2 * r + 1] + bv[j][1];
+                    if (n + 1 < Cout && ((size_t)(o + n) & 3) == 0) {
+                        Vec<S, 2> pr; pr.v[0] = D::from_f(v0); pr.v[1] = D::from_f(v1);
+                        vstore<S, 2>(o + n, pr);
+                    } else {
+                        if (n < Cout) o[n] = D::from_f(v0);
+                        if (n + 1 < Cout) o[n + 1] = D::from_f(v1);
+                    }
                 }
             }
         }
@@ -347,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(256) image_u8(const float *__restri
 
 #define INIT_INSTANCE(name, D, K, CIN, TW)                                                   \
     extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K, CIN, TW>(INIT_ARGS); }
-#define INIT_TC_INSTANCE(name, D, K, CIN)                                                    \
-    extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { init_conv_tc<D, K, CIN>(INIT_ARGS); }
+#define INIT_TC_INSTANCE(name, D, K, CIN, RW)                                                \
+    extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { init_conv_tc<D, K, CIN, RW>(INIT_ARGS); }
 #define FINAL_INSTANCE(name, D, VEC)                                                         \
     extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { final_conv<D, VEC>(FINAL_ARGS); }

@@ -28,7 +28,14 @@ def init_tw(size: int, batch: int, sms: int) -> int:
     return 16 if cdiv(size, INIT_TILE) ** 2 * batch >= 4 * sms else 8
 
 
-INIT_TC_THREADS, INIT_TC_TILE = 128, (4, 16)   # io.cu init_conv_tc: 4 warps over 4 rows x 16 columns
+INIT_TC_THREADS, INIT_TC_TILE = 128, (4, 16)   # io.cu init_conv_tc: 4 warps over 4 rows (per warp row) x 16 columns
+
+
+def init_tc_rows(size: int, batch: int, sms: int) -> int:
+    """init_conv_tc's output rows per warp: 4 where the one-row grid has >= 16 CTAs per SM (batch 64
+    on 132 SMs, batch 4 on 8), so that a CTA's weight staging serves 4x the pixels; else 1."""
+    th, tw = INIT_TC_TILE
+    return 4 if cdiv(size, th) * cdiv(size, tw) * batch >= 16 * sms else 1
 
 
 def init_tc(precision: str, cin: int) -> bool:
@@ -40,7 +47,8 @@ def init_tc(precision: str, cin: int) -> bool:
 def init_key(op: Op, ctx: Ctx) -> SimpleKey:
     xt = ctx.plan.tensors[op.x]
     if init_tc(ctx.precision, xt.channels):
-        return SimpleKey("init_tc", ctx.precision, op.k, xt.channels)
+        return SimpleKey("init_tc", ctx.precision, op.k, xt.channels,
+                         cp=init_tc_rows(xt.size, ctx.tile_batch or ctx.batch, ctx.sms))
     return SimpleKey("init", ctx.precision, op.k, xt.channels, init_tw(xt.size, ctx.tile_batch or ctx.batch, ctx.sms))
 
 
@@ -73,7 +81,7 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
     if key.kind == "init_tc":
         coutp = round_up(cout, 32)   # whole 32-channel passes
         wb = pack_init_tc(w, ctx.precision, coutp)
-        th, tw = INIT_TC_TILE
+        th, tw = INIT_TC_TILE[0] * key.cp, INIT_TC_TILE[1]
         smem = 8 * (th + k - 1) * (tw + k - 1) + wb.nbytes
         tiles, threads = cdiv(size, th) * cdiv(size, tw), INIT_TC_THREADS
     else:

@@ -90,7 +90,8 @@ class SimpleKey:
     k: int = 0
     n: int = 1      # dwconv / final: elements per vector load; init, init_tc: input (image) channels
     tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw)
-    cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp); dwconv_tc: per warp (ops.dwconv_tc_cpw)
+    cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp); dwconv_tc: per warp (ops.dwconv_tc_cpw);
+                    # init_tc: output rows per warp (ops.io.init_tc_rows)
 
     @property
     def symbol(self) -> str:
@@ -98,7 +99,7 @@ class SimpleKey:
         return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}" + (f"_p{self.cp}" if self.cp != 1 else ""),
                 "dwconv_tc": f"dwconv{self.k}_{dt}_tc{self.cp}",
                 "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
-                "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc",
+                "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc" + (f"_r{self.cp}" if self.cp != 1 else ""),
                 "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
 
     def instance(self) -> str:
@@ -110,5 +111,5 @@ class SimpleKey:
         if self.kind == "init":
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init_tc":
-            return f"INIT_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.n})"
+            return f"INIT_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.cp})"
         return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n})"

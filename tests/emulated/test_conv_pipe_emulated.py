@@ -60,6 +60,8 @@ def emu_source(keys) -> str:
                   "inline saddr smem_u32(const void *p) { return (saddr)p; }", common)
     common = sub1(r"__device__ __forceinline__ void ldmatrix_x4\(.*?\n\}",
                   "inline void ldmatrix_x4(u32 r[4], saddr a) { emu_ldmatrix_x4(r, (const void *)a); }", common)
+    common = sub1(r"__device__ __forceinline__ void ldmatrix_x2\(.*?\n\}",
+                  "inline void ldmatrix_x2(u32 r[2], saddr a) { emu_ldmatrix_x2(r, (const void *)a); }", common)
     common = sub1(r"__device__ __forceinline__ int atomic_add_acq_rel\(.*?\n\}",
                   "inline int atomic_add_acq_rel(int *p, int v) { return emu_atomic_add_acq_rel(p, v); }", common)
     conv = sub1(r"extern __shared__ __align__\(16\) float dyn_smem\[\];", "", (k / "conv.cu").read_text())

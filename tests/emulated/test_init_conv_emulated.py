@@ -23,22 +23,24 @@ from tests.emulated.test_dwconv_emulated import as_float, poison
 
 pytestmark = pytest.mark.slow
 K = 7
-# (name, dtype, kernel, tile width (init; none for init_tc), image channels, H, W, Cout,
+# (name, dtype, kernel, tile width (init) or rows per warp (init_tc), image channels, H, W, Cout,
 #  output pixel stride, output channel offset, batch)
 CASES = [
     ("fp16-w8-ragged-view", "fp16", "init", 8, 3, 19, 21, 13, 24, 8, 2),
     ("fp16-w16-ragged-view", "fp16", "init", 16, 3, 19, 21, 13, 24, 8, 2),
     ("bf16-w16-whole-groups", "bf16", "init", 16, 3, 16, 16, 32, 64, 0, 1),
     ("fp32-w16", "fp32", "init", 16, 3, 11, 9, 8, 8, 0, 2),
-    ("tc-fp16-ragged-view", "fp16", "init_tc", 0, 3, 19, 21, 13, 24, 8, 2),
-    ("tc-fp16-whole", "fp16", "init_tc", 0, 3, 16, 32, 32, 64, 32, 1),
-    ("tc-bf16-two-passes", "bf16", "init_tc", 0, 4, 13, 17, 40, 48, 0, 2),
-    ("tc-fp16-gray-odd-offset", "fp16", "init_tc", 0, 1, 9, 20, 16, 21, 3, 1),
+    ("tc-fp16-ragged-view", "fp16", "init_tc", 1, 3, 19, 21, 13, 24, 8, 2),
+    ("tc-fp16-whole", "fp16", "init_tc", 1, 3, 16, 32, 32, 64, 32, 1),
+    ("tc-bf16-two-passes", "bf16", "init_tc", 1, 4, 13, 17, 40, 48, 0, 2),
+    ("tc-fp16-gray-odd-offset", "fp16", "init_tc", 1, 1, 9, 20, 16, 21, 3, 1),
+    ("tc-fp16-4-rows-ragged-view", "fp16", "init_tc", 4, 3, 19, 21, 13, 24, 8, 2),
+    ("tc-bf16-4-rows-two-passes", "bf16", "init_tc", 4, 4, 35, 17, 40, 48, 0, 2),
 ]
 
 
 def case_key(dt, kind, var, cin):
-    return SimpleKey("init_tc", dt, K, cin) if kind == "init_tc" else SimpleKey("init", dt, K, cin, var)
+    return SimpleKey("init_tc", dt, K, cin, cp=var) if kind == "init_tc" else SimpleKey("init", dt, K, cin, var)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,7 @@ def test_init_conv_matches_reference(lib, case):
     if kind == "init_tc":
         coutp = round_up(cout, 32)
         wp = pack_init_tc(wt, dt, coutp)
-        th, tw = INIT_TC_TILE
+        th, tw = INIT_TC_TILE[0] * var, INIT_TC_TILE[1]
         grid, nt = cdiv(h, th) * cdiv(w, tw), INIT_TC_THREADS
     else:
         coutp = round_up(cout, 8)
@@ -122,7 +124,7 @@ def test_init_conv_advances_the_sampler_step_once_per_launch(lib, case):
     coutp = round_up(cout, 32) if kind == "init_tc" else round_up(cout, 8)
     if kind == "init_tc":
         wp = pack_init_tc(rng.standard_normal((cout, cin, K, K)).astype(np.float32), dt, coutp)
-        th, tw = INIT_TC_TILE
+        th, tw = INIT_TC_TILE[0] * var, INIT_TC_TILE[1]
         tiles, nt = cdiv(h, th) * cdiv(w, tw), INIT_TC_THREADS
     else:
         wp = rng.standard_normal((K, K, cin, coutp)).astype(np.float32)

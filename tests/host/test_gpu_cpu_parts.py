@@ -148,12 +148,21 @@ def test_packed_depthwise_fragments_are_the_toeplitz_rows():
 
 def test_init_conv_on_tensor_cores_for_16_bit_and_small_images():
     """init_tc: the image-input conv runs init_conv_tc for fp16 / bf16 and images of <= 4
-    channels at every batch; fp32 and wider images keep the FFMA kernel."""
-    def init_symbol(cfg, precision, batch):
-        ex = GpuExecutor(W(cfg), precision, batch=batch, backend=FakeBackend(sms=132))
-        return [L.fn.symbol for L in ex.launches if L.name == "init_conv"][0]
+    channels at every batch; fp32 and wider images keep the FFMA kernel. Rows per warp
+    (init_tc_rows): 4 where the one-row grid has >= 16 CTAs per SM (batch 64 on 132 SMs, batch 4
+    on 8), the CTA's tile and the grid's tiles with them."""
+    def init_launch(cfg, precision, batch, sms=132):
+        ex = GpuExecutor(W(cfg), precision, batch=batch, backend=FakeBackend(sms=sms))
+        return [L for L in ex.launches if L.name == "init_conv"][0]
+
+    def init_symbol(cfg, precision, batch, sms=132):
+        return init_launch(cfg, precision, batch, sms).fn.symbol
 
     assert init_symbol(UNetConfig(), "fp16", 1) == init_symbol(UNetConfig(), "fp16", 16) == "init_conv7_c3_f16_tc"
+    assert init_symbol(UNetConfig(), "fp16", 64) == init_symbol(UNetConfig(), "fp16", 4, sms=8) == "init_conv7_c3_f16_tc_r4"
+    assert init_symbol(UNetConfig(), "fp16", 1, sms=8) == "init_conv7_c3_f16_tc"
+    assert init_launch(UNetConfig(), "fp16", 64).grid == (4 * 4 + 1, 1, 64)   # 16 x 16 tiles + the step CTA
+    assert init_launch(UNetConfig(), "fp16", 1).grid == (16 * 4 + 1, 1, 1)
     assert init_symbol(UNetConfig(channels=1), "bf16", 3) == "init_conv7_c1_bf16_tc"
     assert init_symbol(UNetConfig(), "fp32", 3).startswith("init_conv7_c3_f32")
     assert not init_symbol(UNetConfig(channels=5), "fp16", 3).endswith("_tc")
