@@ -28,7 +28,7 @@ def init_tw(size: int, batch: int, sms: int) -> int:
     return 16 if cdiv(size, INIT_TILE) ** 2 * batch >= 4 * sms else 8
 
 
-INIT_TC_THREADS, INIT_TC_TILE = 128, (4, 16)   # io.cu init_conv_tc: 4 warps over 4 rows (per warp row) x 16 columns
+INIT_TC_THREADS, INIT_TC_TILE = 128, (4, 16)   # io.cu init_conv_tc: 4 warps over 4 rows (x init_tc_rows) x 16 columns
 
 
 def init_tc_rows(size: int, batch: int, sms: int) -> int:
