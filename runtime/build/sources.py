@@ -15,7 +15,7 @@ from jetson_unet.paths import kernels_dir
 from jetson_unet.errors import KernelCompileError
 
 
-SOURCES = ("common.cuh", "conv.cu", "dwconv.cu", "io.cu", "noise.cu")
+SOURCES = ("common.cuh", "conv.cu", "gate.cu", "dwconv.cu", "io.cu", "noise.cu")
 PIPE_SOURCE = "conv_pipe.cu"   # after conv.cu, only in modules with a cp.async conv (ConvKey.stages)
 HALO_SOURCE = "conv_halo.cu"   # after conv_pipe.cu, only in modules with a halo conv (ConvKey.halo)
 MIN_TC_ARCH = 80   # mma.sync.m16n8k16 with bf16 and the cvt.*.bf16 conversions need sm_80+

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from jetson_unet.ops.common import (Ctx, ELEM_BYTES, F, I, MAX_STAGES, OpSpec, P, Resolver, SMEM_LIMIT,
                                     VEC_MAX, cdiv, from_device, k_residual, memoized, padded, round_up,
                                     to_device, vec_for)
+from jetson_unet.ops import gate as gate_rows
 from jetson_unet.ops.conv_halo import ConvGeom, builtin_halo, builtin_rows, conv_geom, halo_problems, halo_smem
 from jetson_unet.ops.conv_pipe import (PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring, pipe_ring_bytes, pipe_smem,
                                        pipelined, with_pipeline)
@@ -391,7 +392,10 @@ def split_args(r: Resolver, name: str, splits: int, ws_bytes: int) -> Tuple[Any,
     return I(splits), P(r.workspace(name)), P(r.blob(name, "counters"))
 
 
-def gate_key(op: Op, ctx: Ctx) -> ConvKey:
+def gate_key(op: Op, ctx: Ctx) -> Any:
+    """The narrow gates' gate.cu key (ops.gate.rows_gate), else the GEMM gate's ConvKey."""
+    if gate_rows.rows_gate(op, ctx):
+        return gate_rows.rows_key(op, ctx)
     xname, skip = op.inputs
     g, r_ch, size = (ctx.plan.tensors[xname].channels, ctx.plan.tensors[skip].channels,
                      ctx.plan.tensors[skip].size)
@@ -407,6 +411,8 @@ def gate_key(op: Op, ctx: Ctx) -> ConvKey:
 
 
 def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
+    if gate_rows.rows_gate(op, ctx):
+        return gate_rows.rows_spec(op, ctx)
     plan, p, prec = ctx.plan, ctx.params, ctx.precision
     xname, skip = op.inputs
     g, r_ch, size = plan.tensors[xname].channels, plan.tensors[skip].channels, plan.tensors[skip].size

@@ -84,12 +84,13 @@ class ConvKey:
 
 @dataclass(frozen=True)
 class SimpleKey:
-    """dwconv / init_conv / init_conv_tc / final_conv instantiations: (kind, dtype, k, n, tw, cp)."""
-    kind: str       # "dwconv" | "dwconv_tc" | "init" | "init_tc" | "final"
+    """dwconv / init_conv / init_conv_tc / final_conv / gate_rows instantiations: (kind, dtype, k, n, tw, cp)."""
+    kind: str       # "dwconv" | "dwconv_tc" | "init" | "init_tc" | "final" | "gate_rows"
     dtype: str
     k: int = 0
-    n: int = 1      # dwconv / final: elements per vector load; init, init_tc: input (image) channels
-    tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw)
+    n: int = 1      # dwconv / final: elements per vector load; init, init_tc: input (image) channels;
+                    # gate_rows: the gate's x (and output conv) channels
+    tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw); gate_rows: skip channels
     cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp); dwconv_tc: per warp (ops.dwconv_tc_cpw);
                     # init_tc: output rows per warp (ops.io.init_tc_rows)
 
@@ -100,7 +101,8 @@ class SimpleKey:
                 "dwconv_tc": f"dwconv{self.k}_{dt}_tc{self.cp}",
                 "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
                 "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc" + (f"_r{self.cp}" if self.cp != 1 else ""),
-                "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else "")}[self.kind]
+                "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else ""),
+                "gate_rows": f"gate_rows_{dt}_g{self.n}_r{self.tw}"}[self.kind]
 
     def instance(self) -> str:
         d = DTYPES[self.dtype][0]
@@ -112,4 +114,6 @@ class SimpleKey:
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init_tc":
             return f"INIT_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.cp})"
+        if self.kind == "gate_rows":
+            return f"GATE_ROWS_INSTANCE({self.symbol}, {d}, {self.n}, {self.tw})"
         return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n})"

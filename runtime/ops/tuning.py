@@ -28,6 +28,7 @@ from jetson_unet.model.plan import CONV, GATE, Op
 from jetson_unet.ops.conv_halo import HALO_STAGES, conv_geom, halo_problems, rows_key
 from jetson_unet.ops.common import MAX_STAGES, SMEM_LIMIT, VEC_MAX, Ctx, TileChoice, cdiv, k_residual
 from jetson_unet.ops.conv_pipe import PIPE_RING_LIMIT, PIPE_SCRATCH, pipe_ring_bytes
+from jetson_unet.ops.gate import rows_gate
 from jetson_unet.ops.conv import check_key, conv_matrix, gate_key, gemm_key, subpixel_rows
 from jetson_unet.ops.specs import kernel_kind, op_spec
 
@@ -49,7 +50,10 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def tunable(op: Op, ctx: Ctx) -> bool:
-    return op.kind == GATE or (op.kind == CONV and kernel_kind(op, ctx.plan) == "gemm")
+    """The GEMM convs and the GEMM gates (the narrow gates run gate.cu, which has no tiles)."""
+    if op.kind == GATE:
+        return not rows_gate(op, ctx)
+    return op.kind == CONV and kernel_kind(op, ctx.plan) == "gemm"
 
 
 def base_key(op: Op, ctx: Ctx) -> Any:

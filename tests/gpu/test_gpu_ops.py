@@ -160,4 +160,5 @@ def test_gates_with_split_n_match_reference(backend, precision, case, monkeypatc
     bad = [e for e in errors if not (e[2] < l2_tol and e[3] < max_tol)]
     report(f"split-N gates {name} b3 {precision}: {len(errors)} ops, worst l2 {max(e[2] for e in errors):.2e}; "
            f"{len(bad)} bad: " + "; ".join(f"{o} l2={l:.1e} max={m:.1e}" for o, _, l, m in bad[:8]))
-    assert len(split) >= (6 if name == "default" else 2) and not bad, (sorted(split), bad[:5])
+    # default: the 128- and 256-wide gates (the narrower ones run gate.cu, untiled: ops.gate)
+    assert len(split) >= (4 if name == "default" else 2) and not bad, (sorted(split), bad[:5])

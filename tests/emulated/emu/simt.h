@@ -77,7 +77,9 @@ Cta *g_cta;
 thread_local int t_lane, t_warp;
 
 inline void __syncthreads() { g_cta->bar.arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu);
 inline Warp &my_warp() { return g_cta->warps[t_warp]; }
+inline void __syncwarp(unsigned) { my_warp().bar.arrive_and_wait(); }
 
 // Every lane of the warp posts its value, then reads the one it asked for (its own past the warp).
 template <class T> inline T emu_shfl(T v, int src_lane) {
