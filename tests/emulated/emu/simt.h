@@ -117,30 +117,20 @@ inline uint32_t emu_fma16x2(uint32_t a, uint32_t b, uint32_t c) {
            ((uint32_t)emu_fma16<TOF, FROMF>(a >> 16, b >> 16, c >> 16) << 16);
 }
 
-// ---- ldmatrix.x4: lanes 8j..8j+7 give the 8 row addresses of matrix j; lane l receives, in r[j],
-// row l/4, columns 2*(l%4) and +1 of matrix j.
-inline void emu_ldmatrix_x4(uint32_t r[4], const void *p) {
+// ---- ldmatrix.x4 / .x2: lanes 8j..8j+7 give the 8 row addresses of matrix j; lane l receives, in
+// r[j], row l/4, columns 2*(l%4) and +1 of matrix j.
+template <int N> inline void emu_ldmatrix(uint32_t r[N], const void *p) {
     Warp &w = my_warp();
     w.slot[t_lane][0] = (uint64_t)(uintptr_t)p;
     w.bar.arrive_and_wait();
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < N; ++j) {
         const uint16_t *row = (const uint16_t *)(uintptr_t)w.slot[8 * j + t_lane / 4][0];
         r[j] = (uint32_t)row[2 * (t_lane % 4)] | ((uint32_t)row[2 * (t_lane % 4) + 1] << 16);
     }
     w.bar.arrive_and_wait();
 }
-
-// ---- ldmatrix.x2: lanes 0..7 and 8..15 give the row addresses of matrices 0 and 1.
-inline void emu_ldmatrix_x2(uint32_t r[2], const void *p) {
-    Warp &w = my_warp();
-    w.slot[t_lane][0] = (uint64_t)(uintptr_t)p;
-    w.bar.arrive_and_wait();
-    for (int j = 0; j < 2; ++j) {
-        const uint16_t *row = (const uint16_t *)(uintptr_t)w.slot[8 * j + t_lane / 4][0];
-        r[j] = (uint32_t)row[2 * (t_lane % 4)] | ((uint32_t)row[2 * (t_lane % 4) + 1] << 16);
-    }
-    w.bar.arrive_and_wait();
-}
+inline void emu_ldmatrix_x4(uint32_t r[4], const void *p) { emu_ldmatrix<4>(r, p); }
+inline void emu_ldmatrix_x2(uint32_t r[2], const void *p) { emu_ldmatrix<2>(r, p); }
 
 // ---- mma.sync.m16n8k16 row.col, fp32 accumulate. Fragments (g = lane/4, t = lane%4):
 // A a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..); B b0 (k 2t.., n g), b1 (k 2t+8..,
