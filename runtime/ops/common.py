@@ -160,6 +160,16 @@ def b_fragment(lane: Any, r: Any, e: Any) -> Tuple[Any, Any]:
     return 2 * (lane % 4) + 8 * r + e, lane // 4
 
 
+def b_fragments(b: np.ndarray) -> np.ndarray:
+    """A GEMM's B operand b [N][K] (N a multiple of 8, K of 16) in mma.m16n8k16 B-fragment order:
+    [K / 16 steps][N / 8 tiles][32 lanes][2 registers][2 halves], so that lane l's two registers of
+    step s and tile j are one 8-byte load."""
+    n, k = b.shape
+    s, j, lane, r, e = np.ix_(np.arange(k // 16), np.arange(n // 8), np.arange(32), np.arange(2), np.arange(2))
+    kk, nn = b_fragment(lane, r, e)
+    return b[8 * j + nn, 16 * s + kk]
+
+
 # The GEMM kernels' set-up divides with common.cuh's div_small, exact for dividends under 2^22: one
 # sample's pixels (M) and GEMM depth (K) must stay below it (a 2048 x 2048 image would not).
 DIV_LIMIT = 1 << 22

@@ -7,7 +7,7 @@ from typing import Any, Tuple
 
 import numpy as np
 
-from jetson_unet.ops.common import Ctx, F, I, OpSpec, P, Resolver, b_fragment, cdiv, to_device, vec_for
+from jetson_unet.ops.common import Ctx, F, I, OpSpec, P, Resolver, b_fragments, cdiv, to_device, vec_for
 from jetson_unet.ops.keys import SimpleKey
 from jetson_unet.model.plan import Op
 
@@ -39,10 +39,7 @@ def pack_gate_rows(wg: np.ndarray, wr: np.ndarray, precision: str) -> np.ndarray
     B-fragment order: for k step s, n8 tile j and lane l, two u32 of (k, k + 1) = 16 s + 2 (l % 4)
     (+ 8) at column 8 j + l // 4. Returned as the 16-bit storage type, [K / 16, Cg / 8, 32, 2, 2]."""
     w = np.concatenate([np.asarray(wg, np.float32), np.asarray(wr, np.float32)], axis=1)   # [n][k]
-    n, k = w.shape
-    s, j, lane, r, e = np.ix_(np.arange(k // 16), np.arange(n // 8), np.arange(32), np.arange(2), np.arange(2))
-    kk, nn = b_fragment(lane, r, e)
-    return to_device(w[8 * j + nn, 16 * s + kk], precision)
+    return to_device(b_fragments(w), precision)
 
 
 def rows_spec(op: Op, ctx: Ctx) -> OpSpec:

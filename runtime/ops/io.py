@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from typing import Any, Tuple
 
-from jetson_unet.ops.common import (Ctx, I, OpSpec, P, Resolver, SMEM_LIMIT, b_fragment, cdiv, padded,
+from jetson_unet.ops.common import (Ctx, I, OpSpec, P, Resolver, SMEM_LIMIT, b_fragments, cdiv, padded,
                                     round_up, to_device, vec_for)
 from jetson_unet.errors import ConfigError
 from jetson_unet.ops.keys import SimpleKey
@@ -68,9 +68,7 @@ def pack_init_tc(w: np.ndarray, precision: str, coutp: int) -> np.ndarray:
     w4 = np.zeros((cout, k, k, 4), dtype=np.float32)
     w4[..., :cin] = np.asarray(w, dtype=np.float32).transpose(0, 2, 3, 1)
     b[:cout, :4 * k * k] = w4.reshape(cout, -1)
-    s, j, lane, r, e = np.ix_(np.arange(steps), np.arange(coutp // 8), np.arange(32), np.arange(2), np.arange(2))
-    kk, n = b_fragment(lane, r, e)
-    return to_device(b[8 * j + n, 16 * s + kk], precision)
+    return to_device(b_fragments(b), precision)
 
 
 def init_spec(op: Op, ctx: Ctx) -> OpSpec:
