@@ -28,10 +28,13 @@
 //   path (and the path for wider images): it issues ~13x the instructions per output (147 FFMA per
 //   pixel and channel).
 // final_conv: eps = conv_1x1(x) + bias, x in the activation dtype (pixel stride ldx), eps fp32 with
-//   pixel stride Cout (<= 8). Launch: grid ceil(B*H*W/128), block 128, dynamic smem Cout*Cin floats.
-//   Each thread reads its pixel's channels as VEC-wide vectors (VEC 8 for 16-bit, 4 for fp32, 1
-//   for odd strides or view offsets; chosen on the host like the depthwise conv's): one scalar
-//   load per channel made a warp's loads 32 pixels apart each (8 us at batch 16 on the H100).
+//   pixel stride COUT (1..8, a template argument; the Cout argument equals it). Launch: grid
+//   ceil(B*H*W/128), block 128, no shared memory. Each thread reads its pixel's channels as VEC-wide
+//   vectors (VEC 8 for 16-bit, 4 for fp32, 1 for odd strides or view offsets; chosen on the host like
+//   the depthwise conv's): one scalar load per channel made a warp's loads 32 pixels apart each (8 us
+//   at batch 16 on the H100). The weights come as warp-uniform 16-byte loads from global memory (L1
+//   hits): staged in smem with a run-time Cout, every pixel issued 8 x Cin predicated smem loads and
+//   FMAs, which bound the kernel (12.8 us at batch 4 on the 8-SM slice for 1 MB of input).
 //   With xs (the sampler's fp32 NHWC image; GpuExecutor.run(step=...)) it also takes the sampling
 //   step in place, xs = c_x * xs + c_eps * eps + c_h * hist + sigma * z and hist = d_x * xs + d_eps * eps
 //   (the multistep history, DPM-Solver++(2M)) with the coefficients of step[0..1] (init_conv's step
@@ -297,47 +300,52 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
     float *xs, const float *noise, const float4 *step, float *hist, int rows, int hw
 #define FINAL_ARGS x_, npix, Cin, ldx, w, bias, out, Cout, xs, noise, step, hist, rows, hw
 
-template <class D, int VEC>
+template <int WV> struct FinalW { typedef float T; };   // final_conv's weight loads: 4 floats or 1
+template <> struct FinalW<4> { typedef float4 T; };
+
+template <class D, int VEC, int COUT>
 __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
     typedef typename D::S S;
+    static_assert(COUT >= 1 && COUT <= 8, "1..8 output channels");
     const S *x = (const S *)x_;
-    float *ws = dyn_smem;
-    const float4 k = xs ? step[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);   // first: overlaps the staging
+    const float4 k = xs ? step[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float4 kh = xs ? step[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i = threadIdx.x; i < Cout * Cin; i += blockDim.x) ws[i] = w[i];
-    __syncthreads();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= npix) return;
-    float acc[8];
+    // the weights straight from global memory: every lane of a warp reads the same 16 bytes (one
+    // L1 transaction), so there is no staging, no barrier before the pixel's loads, and 4 weights a load
+    constexpr int WV = VEC % 4 == 0 ? 4 : 1;
+    typedef typename FinalW<WV>::T WT;
+    float acc[COUT];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+    for (int j = 0; j < COUT; ++j) acc[j] = 0.0f;
     const S *xp = x + (size_t)p * ldx;
 #pragma unroll 4
     for (int c0 = 0; c0 < Cin; c0 += VEC) {   // Cin % VEC == 0 (host)
         const Vec<S, VEC> v = vload<S, VEC>(xp + c0);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            const float xv = D::to_f(v.v[e]);
+        for (int e0 = 0; e0 < VEC; e0 += WV)
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                if (j < Cout) acc[j] = fmaf(xv, ws[j * Cin + c0 + e], acc[j]);
-        }
+            for (int j = 0; j < COUT; ++j) {
+                const WT wv = *reinterpret_cast<const WT *>(w + j * Cin + c0 + e0);
+                const float *wf = reinterpret_cast<const float *>(&wv);
+#pragma unroll
+                for (int e = 0; e < WV; ++e) acc[j] = fmaf(D::to_f(v.v[e0 + e]), wf[e], acc[j]);
+            }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-        if (j < Cout) out[(size_t)p * Cout + j] = acc[j] += bias[j];
+    for (int j = 0; j < COUT; ++j) out[(size_t)p * COUT + j] = acc[j] += bias[j];
     if (!xs) return;
     // the sampler's step (schedule.p_sample's expression, on the eps values just stored): x' = c_x x +
     // c_eps eps + c_h h + sigma z and h' = d_x x + d_eps eps, with (c_x, c_eps, sigma, row) = step[0],
     // (c_h, d_x, d_eps) = step[1]; z is image b's noise row `row` ([B][rows][Cout][hw]). The history is
     // read only where c_h weighs it and written only where a later step will (DPM-Solver++ (2M))
     const int row = __float_as_int(k.w), b = p / hw;
-    const float *z = row >= 0 ? noise + ((size_t)b * rows + row) * Cout * hw + (p - b * hw) : nullptr;
+    const float *z = row >= 0 ? noise + ((size_t)b * rows + row) * COUT * hw + (p - b * hw) : nullptr;
     const bool read_h = kh.x != 0.0f, write_h = kh.y != 0.0f || kh.z != 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (j >= Cout) continue;
-        const size_t i = (size_t)p * Cout + j;
+    for (int j = 0; j < COUT; ++j) {
+        const size_t i = (size_t)p * COUT + j;
         const float x0 = xs[i];
         float v = fmaf(k.x, x0, k.y * acc[j]);   // acc: eps as stored
         if (read_h) v = fmaf(kh.x, hist[i], v);
@@ -366,5 +374,5 @@ extern "C" __global__ void __launch_bounds__(256) image_u8(const float *__restri
     extern "C" __global__ void __launch_bounds__(256) name(INIT_PARAMS) { init_conv<D, K, CIN, TW>(INIT_ARGS); }
 #define INIT_TC_INSTANCE(name, D, K, CIN, RW)                                                \
     extern "C" __global__ void __launch_bounds__(128) name(INIT_PARAMS) { init_conv_tc<D, K, CIN, RW>(INIT_ARGS); }
-#define FINAL_INSTANCE(name, D, VEC)                                                         \
-    extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { final_conv<D, VEC>(FINAL_ARGS); }
+#define FINAL_INSTANCE(name, D, VEC, COUT)                                                   \
+    extern "C" __global__ void __launch_bounds__(128) name(FINAL_PARAMS) { final_conv<D, VEC, COUT>(FINAL_ARGS); }

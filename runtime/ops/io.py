@@ -103,8 +103,8 @@ def init_spec(op: Op, ctx: Ctx) -> OpSpec:
 
 
 def final_key(op: Op, ctx: Ctx) -> SimpleKey:
-    cin = ctx.plan.tensors[op.x].channels
-    return SimpleKey("final", ctx.precision, 0, vec_for(ctx.precision, ctx, (op.x,), (cin,)))
+    cin, cout = ctx.plan.tensors[op.x].channels, ctx.plan.tensors[op.out].channels
+    return SimpleKey("final", ctx.precision, cout, vec_for(ctx.precision, ctx, (op.x,), (cin,)))
 
 
 def final_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -123,5 +123,4 @@ def final_spec(op: Op, ctx: Ctx) -> OpSpec:
         return (P(x_ptr), I(npix), I(cin), I(ldx), P(r.blob(op.out, "w")), P(r.blob(op.out, "bias")),
                 P(out_ptr), I(cout), r.step, P(0), P(0), P(0), I(0), I(size * size))
 
-    return OpSpec(op, key, (cdiv(npix, FINAL_THREADS), 1, 1), (FINAL_THREADS, 1, 1), 4 * cout * cin,
-                  blobs, make_args)
+    return OpSpec(op, key, (cdiv(npix, FINAL_THREADS), 1, 1), (FINAL_THREADS, 1, 1), 0, blobs, make_args)

@@ -87,7 +87,7 @@ class SimpleKey:
     """dwconv / init_conv / init_conv_tc / final_conv / gate_rows instantiations: (kind, dtype, k, n, tw, cp)."""
     kind: str       # "dwconv" | "dwconv_tc" | "init" | "init_tc" | "final" | "gate_rows"
     dtype: str
-    k: int = 0
+    k: int = 0      # dwconv, init, init_tc: the kernel size; final: the output channels
     n: int = 1      # dwconv / final: elements per vector load; init, init_tc: input (image) channels;
                     # gate_rows: the gate's x (and output conv) channels
     tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw); gate_rows: skip channels
@@ -101,7 +101,7 @@ class SimpleKey:
                 "dwconv_tc": f"dwconv{self.k}_{dt}_tc{self.cp}",
                 "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
                 "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc" + (f"_r{self.cp}" if self.cp != 1 else ""),
-                "final": f"final_conv_{dt}" + (f"_v{self.n}" if self.n != 1 else ""),
+                "final": f"final_conv{self.k}_{dt}" + (f"_v{self.n}" if self.n != 1 else ""),
                 "gate_rows": f"gate_rows_{dt}_g{self.n}_r{self.tw}"}[self.kind]
 
     def instance(self) -> str:
@@ -116,4 +116,4 @@ class SimpleKey:
             return f"INIT_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.cp})"
         if self.kind == "gate_rows":
             return f"GATE_ROWS_INSTANCE({self.symbol}, {d}, {self.n}, {self.tw})"
-        return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n})"
+        return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n}, {self.k})"

@@ -31,7 +31,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    return kernel_lib("io.cu", [SimpleKey("final", dt, 0, v) for _, dt, v, *_ in CASES], "FINAL_PARAMS",
+    return kernel_lib("io.cu", sorted({SimpleKey("final", dt, cout, v) for _, dt, v, _, _, cout, *_ in CASES}
+                                     | {SimpleKey("final", "fp16", 3, 8)}, key=lambda k: k.symbol), "FINAL_PARAMS",
                       "FINAL_ARGS", tmp_path_factory.mktemp("emu-final"))
 
 
@@ -51,7 +52,7 @@ def test_final_conv_matches_numpy(lib, case):
             ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_void_p(0), 0, npix]   # no step
     kinds = macro_params("io.cu", "FINAL_PARAMS")
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(kinds, args)]
-    sym = SimpleKey("final", dt, 0, vec).symbol
+    sym = SimpleKey("final", dt, cout, vec).symbol
     getattr(lib, "emu_" + sym)(cdiv(npix, FINAL_THREADS), 1, 1, FINAL_THREADS, *cargs)
     x = as_float(xbuf[:, x0:x0 + cin], dt)
     want = x @ w.astype(np.float64).T + bias[:cout]
@@ -82,7 +83,7 @@ def run_step(lib, b, hw, coefs, row, rows, hist, seed):
             ctypes.c_void_p(noise.ctypes.data), ctypes.c_void_p(step.ctypes.data), ctypes.c_void_p(hist.ctypes.data),
             rows, hw]
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(macro_params("io.cu", "FINAL_PARAMS"), args)]
-    getattr(lib, "emu_" + SimpleKey("final", dt, 0, vec).symbol)(cdiv(npix, FINAL_THREADS), 1, 1,
+    getattr(lib, "emu_" + SimpleKey("final", dt, cout, vec).symbol)(cdiv(npix, FINAL_THREADS), 1, 1,
                                                                    FINAL_THREADS, *cargs)
     assert not np.isnan(eps).any()
     return x_before, eps, xs, noise

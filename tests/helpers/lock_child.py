@@ -18,7 +18,7 @@ from jetson_unet.build.loader import load_module
 from jetson_unet.build.sources import module_source, nvrtc_options
 from jetson_unet.ops.keys import SimpleKey
 
-SOURCE = module_source([SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32")])
+SOURCE = module_source([SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32", 3)])
 OPTIONS, ARCH, TOOLCHAIN, NAME = nvrtc_options(87), 87, "nvrtc 12.6", "seed-unet"
 
 

@@ -28,7 +28,7 @@ from jetson_unet.build.loader import KernelSet, compile_notice, load_module, sha
 from jetson_unet.ops.keys import SimpleKey
 from jetson_unet.build.sources import module_source, nvrtc_options
 
-KEYS = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32"), SimpleKey("init", "fp16", 3)]
+KEYS = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32", 3), SimpleKey("init", "fp16", 3)]
 
 
 @pytest.fixture
@@ -289,7 +289,7 @@ def test_cupy_backend_loads_the_cubins_nvrtc_builds(tmp_path):
     path = tmp_path / "m.cubin"
     path.write_bytes(cubin)
     mod = be.load_cubin(path, [k.symbol for k in KEYS])
-    assert mod.get("final_conv_f32").symbol == "final_conv_f32"
+    assert mod.get("final_conv3_f32").symbol == "final_conv3_f32"
     with pytest.raises(KernelCompileError, match="named symbol not found"):
         mod.get("nope")
     cache, syms = cubins.CubinCache(tmp_path / "cache"), sorted(k.symbol for k in KEYS)
@@ -307,7 +307,7 @@ def test_cupy_backend_compiles_its_own_way_for_a_gpu_newer_than_its_nvrtc(tmp_pa
     mod = load_module(be, src, "seed-unet", nvrtc_options(90), syms, 90, cache, compilers.nvrtc_compiler(nv))
     assert mod.path is None and mod.options == nvrtc_options(90) and mod._mod.code == src
     assert nv.calls == [] and not list(tmp_path.iterdir())
-    assert mod.get("final_conv_f32").symbol == "final_conv_f32"
+    assert mod.get("final_conv3_f32").symbol == "final_conv3_f32"
 
 
 def test_nvrtc_errors_carry_the_log_and_unsupported_arch_says_so():

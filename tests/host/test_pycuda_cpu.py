@@ -383,9 +383,9 @@ def test_real_kernels_compile_with_nvcc(tmp_path):
         pytest.skip(f"{nvcc} cannot target sm_87")
     from jetson_unet.ops.keys import SimpleKey
     from jetson_unet.build.sources import module_source
-    keys = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "bf16")]
+    keys = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "bf16", 3)]
     comp = compilers.nvcc_compiler(nvcc)
     assert comp.kind == "nvcc" and comp.toolchain.startswith("nvcc: ")
     cubin = comp.build(module_source(keys), "t.cu", nvrtc_options(87), 87)
-    assert cubin[:4] == b"\x7fELF" and b"dwconv7_f16" in cubin and b"final_conv_bf16" in cubin
+    assert cubin[:4] == b"\x7fELF" and b"dwconv7_f16" in cubin and b"final_conv3_bf16" in cubin
     assert cubins.check_cubin(cubin, 87, [k.symbol for k in keys]) is None

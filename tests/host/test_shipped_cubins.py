@@ -131,7 +131,7 @@ def test_a_run_loads_the_shipped_module_and_compiles_nothing(weights, tmp_path, 
     assert be.loads[0].parent == shipped_cubins_dir() and not list(tmp_path.rglob("*.cubin"))
 
 
-KEYS = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32")]
+KEYS = [SimpleKey("dwconv", "fp16", 7), SimpleKey("final", "fp32", 3)]
 SOURCE, OPTIONS = module_source(KEYS), nvrtc_options(87)
 SYMBOLS = sorted(k.symbol for k in KEYS)
 
