@@ -101,6 +101,15 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
          "    return v >= 0.0f ? v - g : g;")]),
     "stats": ("the GroupNorm statistics epilogue of the GEMM convs", [
         ("conv.cu", "        if (st_part) {   // GroupNorm partials", "        if (false) {   // GroupNorm partials")]),
+    # what a barrier-free statistics epilogue (each warp's own partial, merged by the consumer) could
+    # save at most: the CTA's two block_sum reductions (three barriers each) as warp sums (wrong sums)
+    "statsbar": ("the statistics epilogue's block reductions and their barriers (GEMM and depthwise convs)", [
+        ("conv.cu", "const float tsum = block_sum(lsum, red), tmean", "const float tsum = warp_sum(lsum), tmean"),
+        ("conv.cu", "const float tm2 = block_sum(whole ? m2(true) : m2(false), red);",
+         "const float tm2 = warp_sum(whole ? m2(true) : m2(false));"),
+        # (one barrier kept: dwconv_tc's reductions also publish its output staging)
+        ("dwconv.cu", "const float tsum = block_sum(lsum, red), tmean", "__syncthreads();\n    const float tsum = warp_sum(lsum), tmean"),
+        ("dwconv.cu", "const float tm2 = block_sum(m2_about(tmean), red);", "const float tm2 = warp_sum(m2_about(tmean));")]),
     "store": ("the GEMM convs' output stores (the values are still computed: the statistics use them)", [
         ("conv.cu", "if (VEC > 1 && ok1) {   // VEC > 1", "if (false) {   // VEC > 1"),
         ("conv.cu", "if (ok0) o[0] = D::from_f(v0);\n"
