@@ -247,12 +247,17 @@ def run_tool(cmd: Sequence[str], tmpdir: Optional[str] = None) -> Tuple[int, str
     any error. tmpdir: the tool's $TMPDIR (nvcc's temporaries go there)."""
     env = None if tmpdir is None else dict(os.environ, TMPDIR=tmpdir, TMP=tmpdir, TEMP=tmpdir)
     with _sigterm_exits():
-        proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = None
         try:
+            # a signal while Popen starts the compiler would raise before `proc` exists and leave the
+            # group running (under load, 3 of 40 SIGTERMs did): deferred until `proc` is set
+            with _signals_deferred():
+                proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
             out, _ = proc.communicate()
         except BaseException:
-            _end_group(proc)
+            if proc is not None:
+                _end_group(proc)
             raise
     return proc.returncode, out.decode("utf-8", "replace")
 
@@ -260,7 +265,7 @@ def run_tool(cmd: Sequence[str], tmpdir: Optional[str] = None) -> Tuple[int, str
 def _end_group(proc: "subprocess.Popen[bytes]", wait_s: float = 0.5) -> None:
     """SIGKILL the process group of `proc`, reap `proc` and wait (up to wait_s) for the rest to go;
     a second Ctrl-C or SIGTERM meanwhile waits until this is done."""
-    with _signals_held():
+    with _signals_deferred():
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (AttributeError, OSError):   # no process groups (Windows), or the group is gone
@@ -278,17 +283,34 @@ def _end_group(proc: "subprocess.Popen[bytes]", wait_s: float = 0.5) -> None:
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back from this thread while the block runs (where POSIX allows)."""
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    except (AttributeError, OSError, ValueError):
-        old = None
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while the block runs, then handed to their handlers. In the main
+    thread (where Python runs signal handlers) each handler that Python set is swapped for one that
+    only notes the signal; at the end the handlers come back and the first signal noted goes to its
+    own (KeyboardInterrupt, SystemExit, or SIGTERM's default action again). A thread mask alone is not
+    enough: another thread of the process (a BLAS worker) takes the signal, and the main thread still
+    runs the handler at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted = []
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        h = signal.getsignal(sig)
+        if callable(h) or h == signal.SIG_DFL:
+            old[sig] = h
+            signal.signal(sig, lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:
-        if old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        if noted:
+            h = old[noted[0]]
+            if callable(h):
+                h(noted[0], None)
+            else:   # the default action, as if the signal came now
+                os.kill(os.getpid(), noted[0])
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

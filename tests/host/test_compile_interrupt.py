@@ -170,3 +170,49 @@ def test_quick_calls_and_handlers(fake):
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def group_gone(pgid: int, wait_s: float = 5.0) -> bool:
+    """No process is left in group `pgid` (zombies are reaped by init soon after their parent ends)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def test_sigterm_while_the_compiler_starts_still_ends_it(fake, tmp_path):
+    """A SIGTERM that lands while Popen is still starting the compiler (as it can under load, or
+    when another thread of the process takes the signal) still ends the compiler's group: the
+    signal waits until the call holds the process."""
+    nvcc, _, tmp = fake
+    pidfile = tmp_path / "group.pid"
+    proc = run_python("import os, signal, subprocess\n"
+                      "class P(subprocess.Popen):\n"
+                      "    def __init__(self, cmd, **kw):\n"
+                      "        super().__init__(cmd, **kw)\n"
+                      "        if '-cubin' in cmd:\n"
+                      f"            open({str(pidfile)!r}, 'w').write(str(self.pid))\n"
+                      "            os.kill(os.getpid(), signal.SIGTERM)   # before Popen returns\n"
+                      "subprocess.Popen = P\n"
+                      "from jetson_unet.build.compilers import nvcc_cubin\n"
+                      f"nvcc_cubin('x', 'm.cu', ['--gpu-architecture=sm_87'], 87, {str(nvcc)!r})")
+    try:
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    pgid = int(pidfile.read_text())
+    try:
+        assert group_gone(pgid), "the compiler's group outlived its caller"
+    finally:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert leftovers(tmp) == []
