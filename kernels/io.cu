@@ -29,7 +29,9 @@
 //   pixel and channel).
 // final_conv: eps = conv_1x1(x) + bias, x in the activation dtype (pixel stride ldx), eps fp32 with
 //   pixel stride COUT (1..8, a template argument; the Cout argument equals it). Launch: grid
-//   ceil(B*H*W/128), block 128, no shared memory. Each thread reads its pixel's channels as VEC-wide
+//   ceil(B*H*W/256), block 128, no shared memory: a thread takes two pixels, 128 apart, whose loads
+//   are in flight together (one wave of CTAs where one pixel a thread made two: the regime of a
+//   batch-4 call on 8 SMs and batch 64 on 132). Each thread reads its pixels' channels as VEC-wide
 //   vectors (VEC 8 for 16-bit, 4 for fp32, 1 for odd strides or view offsets; chosen on the host like
 //   the depthwise conv's): one scalar load per channel made a warp's loads 32 pixels apart each (8 us
 //   at batch 16 on the H100). The weights come as warp-uniform 16-byte loads from global memory (L1
@@ -303,43 +305,15 @@ __device__ __forceinline__ void init_conv_tc(INIT_PARAMS) {
 template <int WV> struct FinalW { typedef float T; };   // final_conv's weight loads: 4 floats or 1
 template <> struct FinalW<4> { typedef float4 T; };
 
-template <class D, int VEC, int COUT>
-__device__ __forceinline__ void final_conv(FINAL_PARAMS) {
-    typedef typename D::S S;
-    static_assert(COUT >= 1 && COUT <= 8, "1..8 output channels");
-    const S *x = (const S *)x_;
-    const float4 k = xs ? step[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float4 kh = xs ? step[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= npix) return;
-    // the weights straight from global memory: every lane of a warp reads the same 16 bytes (one
-    // L1 transaction), so there is no staging, no barrier before the pixel's loads, and 4 weights a load
-    constexpr int WV = VEC % 4 == 0 ? 4 : 1;
-    typedef typename FinalW<WV>::T WT;
-    float acc[COUT];
-#pragma unroll
-    for (int j = 0; j < COUT; ++j) acc[j] = 0.0f;
-    const S *xp = x + (size_t)p * ldx;
-#pragma unroll 4
-    for (int c0 = 0; c0 < Cin; c0 += VEC) {   // Cin % VEC == 0 (host)
-        const Vec<S, VEC> v = vload<S, VEC>(xp + c0);
-#pragma unroll
-        for (int e0 = 0; e0 < VEC; e0 += WV)
-#pragma unroll
-            for (int j = 0; j < COUT; ++j) {
-                const WT wv = *reinterpret_cast<const WT *>(w + j * Cin + c0 + e0);
-                const float *wf = reinterpret_cast<const float *>(&wv);
-#pragma unroll
-                for (int e = 0; e < WV; ++e) acc[j] = fmaf(D::to_f(v.v[e0 + e]), wf[e], acc[j]);
-            }
-    }
-#pragma unroll
-    for (int j = 0; j < COUT; ++j) out[(size_t)p * COUT + j] = acc[j] += bias[j];
-    if (!xs) return;
-    // the sampler's step (schedule.p_sample's expression, on the eps values just stored): x' = c_x x +
-    // c_eps eps + c_h h + sigma z and h' = d_x x + d_eps eps, with (c_x, c_eps, sigma, row) = step[0],
-    // (c_h, d_x, d_eps) = step[1]; z is image b's noise row `row` ([B][rows][Cout][hw]). The history is
-    // read only where c_h weighs it and written only where a later step will (DPM-Solver++ (2M))
+// final_conv's sampler step for pixel p (schedule.p_sample's expression, on the eps values just
+// stored): x' = c_x x + c_eps eps + c_h h + sigma z and h' = d_x x + d_eps eps, with (c_x, c_eps,
+// sigma, row) = step[0], (c_h, d_x, d_eps) = step[1]; z is image b's noise row `row`
+// ([B][rows][COUT][hw]). The history is read only where c_h weighs it and written only where a later
+// step will (DPM-Solver++ (2M)).
+template <int COUT>
+__device__ __forceinline__ void final_step(const float (&eps)[COUT], int p, float *xs, const float *noise,
+                                           const float4 *step, float *hist, int rows, int hw) {
+    const float4 k = step[0], kh = step[1];
     const int row = __float_as_int(k.w), b = p / hw;
     const float *z = row >= 0 ? noise + ((size_t)b * rows + row) * COUT * hw + (p - b * hw) : nullptr;
     const bool read_h = kh.x != 0.0f, write_h = kh.y != 0.0f || kh.z != 0.0f;
@@ -347,11 +321,56 @@ __device__ __forceinline__ void final_conv(FINAL_PARAMS) {
     for (int j = 0; j < COUT; ++j) {
         const size_t i = (size_t)p * COUT + j;
         const float x0 = xs[i];
-        float v = fmaf(k.x, x0, k.y * acc[j]);   // acc: eps as stored
+        float v = fmaf(k.x, x0, k.y * eps[j]);
         if (read_h) v = fmaf(kh.x, hist[i], v);
         if (z) v = fmaf(k.z, z[(size_t)j * hw], v);
-        if (write_h) hist[i] = fmaf(kh.y, x0, kh.z * acc[j]);
+        if (write_h) hist[i] = fmaf(kh.y, x0, kh.z * eps[j]);
         xs[i] = v;
+    }
+}
+
+template <class D, int VEC, int COUT>
+__device__ __forceinline__ void final_conv(FINAL_PARAMS) {
+    typedef typename D::S S;
+    static_assert(COUT >= 1 && COUT <= 8, "1..8 output channels");
+    constexpr int PX = 2;   // pixels a thread: p and p + blockDim.x of the CTA's 2 x blockDim.x
+    const S *x = (const S *)x_;
+    const int p0 = blockIdx.x * blockDim.x * PX + threadIdx.x;
+    if (p0 >= npix) return;
+    // the weights straight from global memory: every lane of a warp reads the same 16 bytes (one
+    // L1 transaction), so there is no staging, no barrier before the pixels' loads, 4 weights a load,
+    // each for both pixels
+    constexpr int WV = VEC % 4 == 0 ? 4 : 1;
+    typedef typename FinalW<WV>::T WT;
+    float acc[PX][COUT];
+#pragma unroll
+    for (int q = 0; q < PX; ++q)
+#pragma unroll
+        for (int j = 0; j < COUT; ++j) acc[q][j] = 0.0f;
+    const bool has1 = p0 + (int)blockDim.x < npix;
+    const S *xp = x + (size_t)p0 * ldx, *xp1 = xp + (size_t)(has1 ? blockDim.x : 0) * ldx;
+#pragma unroll 4
+    for (int c0 = 0; c0 < Cin; c0 += VEC) {   // Cin % VEC == 0 (host)
+        const Vec<S, VEC> v[PX] = {vload<S, VEC>(xp + c0), vload<S, VEC>(xp1 + c0)};
+#pragma unroll
+        for (int e0 = 0; e0 < VEC; e0 += WV)
+#pragma unroll
+            for (int j = 0; j < COUT; ++j) {
+                const WT wv = *reinterpret_cast<const WT *>(w + j * Cin + c0 + e0);
+                const float *wf = reinterpret_cast<const float *>(&wv);
+#pragma unroll
+                for (int q = 0; q < PX; ++q)
+#pragma unroll
+                    for (int e = 0; e < WV; ++e) acc[q][j] = fmaf(D::to_f(v[q].v[e0 + e]), wf[e], acc[q][j]);
+            }
+    }
+#pragma unroll
+    for (int q = 0; q < PX; ++q) {
+        if (q > 0 && !has1) break;
+        const int p = p0 + q * (int)blockDim.x;
+#pragma unroll
+        for (int j = 0; j < COUT; ++j) out[(size_t)p * COUT + j] = acc[q][j] += bias[j];
+        if (xs) final_step<COUT>(acc[q], p, xs, noise, step, hist, rows, hw);
     }
 }
 

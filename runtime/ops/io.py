@@ -14,6 +14,7 @@ from jetson_unet.model.plan import Op
 
 
 INIT_TILE, FINAL_THREADS = 8, 128                    # io.cu
+FINAL_PIXELS = 2 * FINAL_THREADS                     # final_conv: a CTA's pixels (two a thread)
 
 
 def init_row(halo: int) -> int:
@@ -123,4 +124,4 @@ def final_spec(op: Op, ctx: Ctx) -> OpSpec:
         return (P(x_ptr), I(npix), I(cin), I(ldx), P(r.blob(op.out, "w")), P(r.blob(op.out, "bias")),
                 P(out_ptr), I(cout), r.step, P(0), P(0), P(0), I(0), I(size * size))
 
-    return OpSpec(op, key, (cdiv(npix, FINAL_THREADS), 1, 1), (FINAL_THREADS, 1, 1), 0, blobs, make_args)
+    return OpSpec(op, key, (cdiv(npix, FINAL_PIXELS), 1, 1), (FINAL_THREADS, 1, 1), 0, blobs, make_args)

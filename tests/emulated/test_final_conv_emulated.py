@@ -13,7 +13,7 @@ import pytest
 
 from jetson_unet.ops.common import cdiv, padded, to_device
 from jetson_unet.paths import kernels_dir
-from jetson_unet.ops.io import FINAL_THREADS
+from jetson_unet.ops.io import FINAL_PIXELS, FINAL_THREADS
 from jetson_unet.ops.keys import SimpleKey
 from tests.emulated.test_conv_pipe_emulated import kernel_lib, macro_params
 from tests.emulated.test_dwconv_emulated import as_float
@@ -53,7 +53,7 @@ def test_final_conv_matches_numpy(lib, case):
     kinds = macro_params("io.cu", "FINAL_PARAMS")
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(kinds, args)]
     sym = SimpleKey("final", dt, cout, vec).symbol
-    getattr(lib, "emu_" + sym)(cdiv(npix, FINAL_THREADS), 1, 1, FINAL_THREADS, *cargs)
+    getattr(lib, "emu_" + sym)(cdiv(npix, FINAL_PIXELS), 1, 1, FINAL_THREADS, *cargs)
     x = as_float(xbuf[:, x0:x0 + cin], dt)
     want = x @ w.astype(np.float64).T + bias[:cout]
     assert not np.isnan(out).any(), f"{name}: outputs unwritten"
@@ -83,7 +83,7 @@ def run_step(lib, b, hw, coefs, row, rows, hist, seed):
             ctypes.c_void_p(noise.ctypes.data), ctypes.c_void_p(step.ctypes.data), ctypes.c_void_p(hist.ctypes.data),
             rows, hw]
     cargs = [a if k == "p" else ctypes.c_int(a) for k, a in zip(macro_params("io.cu", "FINAL_PARAMS"), args)]
-    getattr(lib, "emu_" + SimpleKey("final", dt, cout, vec).symbol)(cdiv(npix, FINAL_THREADS), 1, 1,
+    getattr(lib, "emu_" + SimpleKey("final", dt, cout, vec).symbol)(cdiv(npix, FINAL_PIXELS), 1, 1,
                                                                    FINAL_THREADS, *cargs)
     assert not np.isnan(eps).any()
     return x_before, eps, xs, noise
