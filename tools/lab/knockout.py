@@ -70,46 +70,8 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
          '                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\\t"\n'
          '                     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "\n'
          '                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"')]),
-    # not a removal: the second CTA of each SM in a launch's first wave (linear block ids SMS .. 2 SMS - 1,
-    # as the block scheduler fills one CTA per SM before the second) sleeps ~8 us before its work, so
-    # that the two CTAs an SM holds of the row-tile and cp.async convs, and the ones that replace them,
-    # run out of phase: one's k loop beside the other's epilogue, instead of the same phase together
-    # (the k loop and the epilogue add up in the knockouts: docs/performance.md). Written for a GPU of
-    # 132 SMs and for the 8-SM slice; ops of one wave only pay the sleep.
-    **{f"stagger{sms}": (f"nothing removed: the first wave's second CTA per SM ({sms} SMs) starts ~8 us late", [
-        ("conv_halo.cu", "const int y0 = mt * TH;",
-         f"const int y0 = mt * TH;\n    {{ const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);"
-         f" if (lin >= {sms}u && lin < {2 * sms}u) asm volatile(\"nanosleep.u32 8000;\"); }}"),
-        ("conv_pipe.cu", "const bool norm = gn_part != nullptr;",
-         f"const bool norm = gn_part != nullptr;\n    {{ const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);"
-         f" if (lin >= {sms}u && lin < {2 * sms}u) asm volatile(\"nanosleep.u32 8000;\"); }}")]) for sms in (8, 132)},
-    # not a removal: erff's GELU (~29 instructions) as Numerical Recipes' erfcc, erfc(z) = t exp(-z^2 +
-    # P(t)), t = 1 / (1 + z / 2), P of degree 9 (fractional error < 1.2e-7), with the approximate
-    # reciprocal and ex2: ~18 instructions and two MUFU ops; within 2.2e-6 of GELU relative to its value
-    # for |v| <= 4, 2.4e-7 absolute everywhere (float32 emulation against float64)
-    "gelu-nr": ("nothing removed: the GELU as erfcc (~18 instructions) instead of erff (~29)", [
-        ("common.cuh", "return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));",
-         "const float z = fabsf(v) * 0.70710678118654752440f;\n"
-         "    float t, e;\n"
-         "    asm(\"rcp.approx.ftz.f32 %0, %1;\" : \"=f\"(t) : \"f\"(fmaf(0.5f, z, 1.0f)));\n"
-         "    float p = 0.17087277f;\n"
-         "    p = fmaf(p, t, -0.82215223f); p = fmaf(p, t, 1.48851587f); p = fmaf(p, t, -1.13520398f);\n"
-         "    p = fmaf(p, t, 0.27886807f); p = fmaf(p, t, -0.18628806f); p = fmaf(p, t, 0.09678418f);\n"
-         "    p = fmaf(p, t, 0.37409196f); p = fmaf(p, t, 1.00002368f); p = fmaf(p, t, -1.26551223f);\n"
-         "    asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(e) : \"f\"(fmaf(-z, z, p) * 1.44269504088896341f));\n"
-         "    const float g = 0.5f * v * (t * e);   // 0.5 v erfc(|v| / sqrt 2)\n"
-         "    return v >= 0.0f ? v - g : g;")]),
     "stats": ("the GroupNorm statistics epilogue of the GEMM convs", [
         ("conv.cu", "        if (st_part) {   // GroupNorm partials", "        if (false) {   // GroupNorm partials")]),
-    # what a barrier-free statistics epilogue (each warp's own partial, merged by the consumer) could
-    # save at most: the CTA's two block_sum reductions (three barriers each) as warp sums (wrong sums)
-    "statsbar": ("the statistics epilogue's block reductions and their barriers (GEMM and depthwise convs)", [
-        ("conv.cu", "const float tsum = block_sum(lsum, red), tmean", "const float tsum = warp_sum(lsum), tmean"),
-        ("conv.cu", "const float tm2 = block_sum(whole ? m2(true) : m2(false), red);",
-         "const float tm2 = warp_sum(whole ? m2(true) : m2(false));"),
-        # (one barrier kept: dwconv_tc's reductions also publish its output staging)
-        ("dwconv.cu", "const float tsum = block_sum(lsum, red), tmean", "__syncthreads();\n    const float tsum = warp_sum(lsum), tmean"),
-        ("dwconv.cu", "const float tm2 = block_sum(m2_about(tmean), red);", "const float tm2 = warp_sum(m2_about(tmean));")]),
     "store": ("the GEMM convs' output stores (the values are still computed: the statistics use them)", [
         ("conv.cu", "if (VEC > 1 && ok1) {   // VEC > 1", "if (false) {   // VEC > 1"),
         ("conv.cu", "if (ok0) o[0] = D::from_f(v0);\n"
