@@ -3,11 +3,14 @@
 same seed (issue 4: fp16 and bf16 against the fp32 run), through the public Pipeline API.
 
     python -m tools.precision_psnr                                  # GPU: fp16 bf16 vs fp32, seeds 0-7
+    python -m tools.precision_psnr --base fp64 --precisions fp16    # GPU fp16 vs NumPy's float64
     python -m tools.precision_psnr --seeds 0 1 2 --json psnr.json
     python -m tools.precision_psnr --backend numpy --base fp64 --precisions fp32 --sampler ddim --steps 10
 
 Every image is a batch-1 `Pipeline.sample(seed=s)` (the seed's own noise stream, so each seed is
-one image a user could ask for), 100-step DDPM unless told otherwise. PSNR is over the uint8 images
+one image a user could ask for), 100-step DDPM unless told otherwise. fp64 runs on the NumPy backend
+whatever --backend says (no GPU backend computes in fp64), so the GPU's images can be held against
+the float64 reference: the same seed draws the same noise on every backend. PSNR is over the uint8 images
 the CLI writes (peak 255; inf when identical), so it counts what rounding does to the picture, not
 to x_0's floats; the largest absolute pixel difference is printed beside it. One Pipeline per
 precision (kernels compiled or loaded once), the base first.
@@ -22,6 +25,7 @@ from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
+from jetson_unet.model.schedule import SAMPLERS
 from jetson_unet.pipeline import BACKEND_CHOICES, Pipeline, default_weights_path
 
 
@@ -33,6 +37,7 @@ def psnr_u8(a: np.ndarray, b: np.ndarray) -> float:
 
 def images(weights: Any, backend: str, precision: str, seeds: Sequence[int], sampler: str,
            steps: Any) -> List[np.ndarray]:
+    backend = "numpy" if precision == "fp64" else backend   # the only backend with a float64 path
     with Pipeline(weights, backend=backend, precision=precision) as pipe:
         return [pipe.sample(batch=1, seed=s, sampler=sampler, steps=steps)[0] for s in seeds]
 
@@ -72,8 +77,8 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--base", default="fp32", help="the precision the others are compared with (default fp32)")
     ap.add_argument("--precisions", nargs="+", default=["fp16", "bf16"])
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
-    ap.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm")
-    ap.add_argument("--steps", type=int, default=None, help="DDIM steps (DDPM runs the model's T)")
+    ap.add_argument("--sampler", choices=SAMPLERS, default="ddpm")
+    ap.add_argument("--steps", type=int, default=None, help="the sampler's steps (default: DDPM all T, the others theirs)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     res = compare(args.weights, args.backend, args.base, args.precisions, args.seeds, args.sampler, args.steps)

@@ -34,3 +34,11 @@ def test_fp32_against_fp64_per_seed(tiny_weights_path, tmp_path, capsys):
     res = precision_psnr.compare(str(tiny_weights_path), "numpy", "fp64", ["fp32"], [3, 4], "ddim", 4)
     imgs = precision_psnr.images(str(tiny_weights_path), "numpy", "fp64", [3, 4], "ddim", 4)
     assert not np.array_equal(imgs[0], imgs[1]) and res["summary"]["fp32"]["min_db"] > 45
+
+
+def test_fp64_base_runs_on_numpy_whatever_the_backend(tiny_weights_path):
+    # `--base fp64` with a GPU backend: the float64 reference comes from NumPy (no GPU computes in fp64),
+    # so a machine without a GPU makes it too, the same image as the numpy backend's
+    got = precision_psnr.images(str(tiny_weights_path), "cupy", "fp64", [3], "ddim", 2)
+    want = precision_psnr.images(str(tiny_weights_path), "numpy", "fp64", [3], "ddim", 2)
+    assert np.array_equal(got[0], want[0])
