@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         exact = R.Reference(w, np.float64)
         refs = [image(w, exact.eps, s, args.sampler, args.steps) for s in args.seeds]
         if args.save:
-            np.savez(args.save, seeds=np.array(args.seeds), images=np.stack(refs))
+            np.savez_compressed(args.save, seeds=np.array(args.seeds), images=np.stack(refs))
     emu = Fp16Emulation(w, args.round)
     for s, want in zip(args.seeds, refs):
         got = image(w, emu.eps, s, args.sampler, args.steps)
