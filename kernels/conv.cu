@@ -15,7 +15,9 @@
 //              one launch; for the gate it is residual_conv(skip).
 // Epilogue: bias, time bias (fp32 table row t_idx[b]), exact GELU, identity residual, store in the
 //   activation dtype at pixel stride ldo (a view into a concat buffer), and optionally GroupNorm
-//   partials of the stored tensor for the next conv's norm (one StatPartial per CTA).
+//   partials of the stored tensor for the next conv's norm (one StatPartial per CTA). With oscale
+//   (feature o: the next conv folds its GroupNorm) column n is stored times oscale[n] (that conv's
+//   gn_w), its statistics those of the unscaled values.
 // GATE epilogue (GATE 1: BN >= N, one CTA row; 2: N split over gridDim.y CTAs that meet through a
 // ticket, conv_finish): s = psi . relu(acc + bias); out = sigmoid(s + psi_b) * skip.
 //
@@ -39,11 +41,11 @@ extern __shared__ __align__(16) float dyn_smem[];
     int tb_stride, const int *t_idx, const float *gn_w, const float *gn_b,                    \
     const float *gn_fold, const float4 *gn_part, int gn_P, float gn_eps, const void *res_,    \
     int ldres, void *out_, int Hout, int Wout, int N, int ldo, float4 *st_part, int act, const float *psi_w,         \
-    float psi_b, int splits, float *ws, int *counters
+    float psi_b, int splits, float *ws, int *counters, const float *oscale
 #define CONV_ARGS                                                                            \
     x_, Hin, Win, Cin, ldx, xr_, Cr, ldr, w_, ldw, nk0, nk1, bias, tbias, tb_stride, t_idx,   \
     gn_w, gn_b, gn_fold, gn_part, gn_P, gn_eps, res_, ldres, out_, Hout, Wout, N, ldo,       \
-    st_part, act, psi_w, psi_b, splits, ws, counters
+    st_part, act, psi_w, psi_b, splits, ws, counters, oscale
 
 // The arguments as an instantiation for the op features F sees them (jetson_unet/ops/keys.py FEATURES:
 // bit i is its i-th letter): a feature the op lacks is a compile-time null or constant, so its code
@@ -59,7 +61,8 @@ extern __shared__ __align__(16) float dyn_smem[];
     FT_ON(F, 3) ? nk1 : 0, bias, FT_ON(F, 1) ? tbias : nullptr, tb_stride, t_idx,                       \
     FT_ON(F, 2) ? gn_w : nullptr, FT_ON(F, 2) ? gn_b : nullptr, gn_fold, FT_ON(F, 2) ? gn_part : nullptr, \
     gn_P, gn_eps, FT_ON(F, 4) ? res_ : nullptr, ldres, out_, Hout, Wout, N, ldo,                        \
-    FT_ON(F, 5) ? st_part : nullptr, FT_ON(F, 0) ? act : 0, psi_w, psi_b, FT_ON(F, 6) ? splits : 1, ws, counters
+    FT_ON(F, 5) ? st_part : nullptr, FT_ON(F, 0) ? act : 0, psi_w, psi_b, FT_ON(F, 6) ? splits : 1, ws, counters, \
+    FT_ON(F, 7) ? oscale : nullptr
 
 // ---- shared pieces ------------------------------------------------------------------------------
 
@@ -72,22 +75,23 @@ extern __shared__ __align__(16) float dyn_smem[];
 // holds what S cannot of the shift, so that a large mean/std ratio costs no more than one rounding
 // of the normalized value.
 //
-// Folded (FOLD: the 16-bit cp.async and halo convs' `_f` instantiations; runtime/gpu/ops.py fold_norm
-// decides and prepares it):
-// the weights of segment 0 are W' = W * gn_w (per input channel), the bias holds bias + P with
-// P[n] = sum_k W[n][k] gn_b[c(k)], and A is the raw input, so that
-//     conv(gn(x)) = rstd * sum_k W'[n][k] xp[k]  -  mean * rstd * Q[n]  +  P[n],   Q[n] = sum_k W'[n][k]
-// holds when every padded tap reads xp = pad[c] = mean - r[c] / rstd (r = gn_b / gn_w): the value
-// whose normalization is exactly 0, as the conv's zero padding of gn(x) wants. So the in-bounds A
+// Folded (FOLD: the 16-bit cp.async and halo convs' `_f` instantiations; runtime/ops/conv.py fold_norm
+// decides and prepares it): the producer stores xs = gn_w * x (feature o, or the depthwise conv's
+// oscale: rounded once, like any activation; its statistics are x's), the weights W stay as they
+// are (no W * gn_w rounded to 16 bits: a fixed perturbation of the model that every sampling step
+// repeats, docs/performance.md), the bias holds bias + P with P[n] = sum_k W[n][k] gn_b[c(k)], so that
+//     conv(gn(x)) = rstd * sum_k W[n][k] xp[k]  -  mean * rstd * Q[n]  +  P[n],   Q[n] = sum_k W[n][k] gn_w[c(k)]
+// holds when every padded tap reads xp = pad[c] = gn_w[c] mean - gn_b[c] / rstd: the value whose
+// normalization is exactly 0, as the conv's zero padding of gn(x) wants. So the in-bounds A
 // vectors are used as loaded (no pass over them: that pass measured
 // ~20 us per batch-1 call and ~84 us at batch 16 on the H100), the padded ones are overwritten with the pad
 // vector, the CTA scales its segment-0 sum by rstd once (scale_acc) and the epilogue adds the
 // column term -mean * rstd * Q[n] with the bias (fcol: BN + 1 floats of static smem, the column
 // term and then rstd, which the k loop reads from there rather than hold a register across it).
-// gn_fold holds r[Cin] then Q[Npad] (Q summed from the uploaded, rounded W', so that mean * Q
-// cancels exactly what the GEMM accumulated). Dynamic smem: the pad vector table, S[Cin].
+// gn_fold holds gn_w[Cin], gn_b[Cin], then Q[Npad] (in float64 from the uploaded W, so that mean * Q
+// cancels what the GEMM accumulated). Dynamic smem: the pad vector table, S[Cin].
 //
-// The affine weights (or r) of the first PF * NT channels (4: 512 channels at 128 threads) and
+// The affine weights of the first PF * NT channels (4: 512 channels at 128 threads) and
 // the column term's Q are loaded before the merge, so their latency overlaps the partials' instead
 // of following it (one exposed global latency less). The only barrier publishes the tables.
 template <class D, int NT, int PF, int BN, bool FOLD>
@@ -101,12 +105,12 @@ __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P
     for (int r = 0; r < PF; ++r) {
         const int c = threadIdx.x + r * NT;
         pw[r] = c < Cin ? (fold ? gn_fold[c] : gn_w[c]) : 0.0f;
-        pb[r] = (c < Cin && !fold) ? gn_b[c] : 0.0f;
+        pb[r] = c < Cin ? (fold ? gn_fold[Cin + c] : gn_b[c]) : 0.0f;
     }
 #pragma unroll
     for (int r = 0; r < QR; ++r) {   // Q is padded to Npad: in bounds for the CTA's BN columns
         const int c = threadIdx.x + r * NT;
-        q[r] = (fold && c < BN) ? gn_fold[Cin + n0 + c] : 0.0f;
+        q[r] = (fold && c < BN) ? gn_fold[2 * Cin + n0 + c] : 0.0f;
     }
     const float2 mr = gn_merge(gn_part + (size_t)b * gn_P, gn_P, gp, gn_eps);
     const float mean = mr.x, rstd = mr.y;
@@ -116,9 +120,10 @@ __device__ __forceinline__ void conv_gn_prologue(const float4 *gn_part, int gn_P
 #pragma unroll
         for (int r = 0; r < PF; ++r) {
             const int c = threadIdx.x + r * NT;
-            if (c < Cin) t[c] = D::from_f(fmaf(-pw[r], sd, mean));
+            if (c < Cin) t[c] = D::from_f(fmaf(-pb[r], sd, pw[r] * mean));
         }
-        for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) t[c] = D::from_f(fmaf(-gn_fold[c], sd, mean));
+        for (int c = threadIdx.x + PF * NT; c < Cin; c += NT)
+            t[c] = D::from_f(fmaf(-gn_fold[Cin + c], sd, gn_fold[c] * mean));
         const float mrs = -mean * rstd;
 #pragma unroll
         for (int r = 0; r < QR; ++r) {
@@ -581,12 +586,18 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                 if (ok1) v1 += D::to_f(rest[q * ldres + c + 1]);
             }
             S *const o = outt + (q * ldo + c);
+            float s0 = v0, s1 = v1;   // as stored: times the next conv's gn_w with oscale (padded to Npad)
+            if (oscale) {   // c is even and oscale 8-byte aligned: one load for the pair
+                const float2 o2 = *reinterpret_cast<const float2 *>(oscale + n0 + c);
+                s0 *= o2.x;
+                s1 *= o2.y;
+            }
             if (VEC > 1 && ok1) {   // VEC > 1: N, ldo and the view offset are even (checked on the host)
-                Vec<S, 2> w; w.v[0] = D::from_f(v0); w.v[1] = D::from_f(v1);
+                Vec<S, 2> w; w.v[0] = D::from_f(s0); w.v[1] = D::from_f(s1);
                 vstore<S, 2>(o, w);
             } else {
-                if (ok0) o[0] = D::from_f(v0);
-                if (ok1) o[1] = D::from_f(v1);
+                if (ok0) o[0] = D::from_f(s0);
+                if (ok1) o[1] = D::from_f(s1);
             }
             lsum += (ok0 ? v0 : 0.0f) + (ok1 ? v1 : 0.0f);
             v[0] = v0;
@@ -634,6 +645,11 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                         lsum += v0 + v1;
                         v[0] = v0;
                         v[1] = v1;
+                        if (oscale) {   // as store_pair stores them
+                            const float2 o2 = *reinterpret_cast<const float2 *>(oscale + n0 + c);
+                            v0 *= o2.x;
+                            v1 *= o2.y;
+                        }
                         w[h][nf] = (u32)D::from_f(v0) | ((u32)D::from_f(v1) << 16);
                     }
 #pragma unroll

@@ -2,7 +2,9 @@
 //
 // Computes out[b, y, x, c] = sum_{ky,kx} w[ky, kx, c] * x[b, y+ky-K/2, x+kx-K/2, c] + bias[c]
 //   + tbias[t_idx[b], c]  (zero padding), and GroupNorm(1) partials of `out` for the next conv's
-//   norm1 (one StatPartial per CTA: count, sum, M2 about the tile mean).
+//   norm1 (one StatPartial per CTA: count, sum, M2 about the tile mean). With oscale (the next conv
+//   folds its GroupNorm: kernels/conv.cu conv_gn_prologue) channel c is stored times oscale[c], that
+//   conv's gn_w; the statistics stay those of the unscaled values.
 // The input may be a view of a concat buffer (pixel stride ldx > C); the output has stride ldo.
 // Launch: grid (ceil(H/TH)*ceil(W/TW), ceil(C/32), B), block 256 (fixed): 32/CP lanes x CP channels
 //   x TH = 8*CP rows. CP = 1: each thread produces TW outputs of one row and one channel from a
@@ -29,8 +31,9 @@
 
 #define DW_PARAMS                                                                            \
     const void *x_, int H, int W, int C, int ldx, const float *w, const float *bias,          \
-    const float *tbias, int tb_stride, const int *t_idx, void *out_, int ldo, float4 *st_part
-#define DW_ARGS x_, H, W, C, ldx, w, bias, tbias, tb_stride, t_idx, out_, ldo, st_part
+    const float *tbias, int tb_stride, const int *t_idx, void *out_, int ldo, float4 *st_part,  \
+    const float *oscale
+#define DW_ARGS x_, H, W, C, ldx, w, bias, tbias, tb_stride, t_idx, out_, ldo, st_part, oscale
 
 // One StatPartial per CTA of either depthwise kernel: count, sum, M2 about the tile mean (m2_about
 // gives a thread's part of M2 about the mean it is passed). Grid (tiles, channel tiles, samples).
@@ -103,9 +106,12 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
             }
         }
     }
-    float tv[CP];   // consumed in the epilogue
+    float tv[CP], sv[CP];   // consumed in the epilogue: time bias, output scale
 #pragma unroll
-    for (int q = 0; q < CP; ++q) tv[q] = (tbias && c < C) ? tbias[tb_i * tb_stride + c + q] : 0.0f;
+    for (int q = 0; q < CP; ++q) {
+        tv[q] = (tbias && c < C) ? tbias[tb_i * tb_stride + c + q] : 0.0f;
+        sv[q] = (oscale && c < C) ? oscale[c + q] : 1.0f;
+    }
 #pragma unroll
     for (int u = 0; u < WPT; ++u) {
         const int i = threadIdx.x + u * NT;
@@ -160,7 +166,7 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 #pragma unroll
         for (int q = 0; q < CP; ++q) {
             acc[j][q] += add[q];
-            o.v[q] = D::from_f(acc[j][q]);
+            o.v[q] = D::from_f(acc[j][q] * sv[q]);
         }
         if (c < C && oy < H && x0 + j < W) {
             vstore<S, CP>(out + ((size_t)(b * H + oy) * W + x0 + j) * ldo + c, o);
@@ -310,10 +316,11 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
     }
     // bias + time bias of the CTA's channels, for the epilogue: in smem, not CPW registers held
     // through the mma
-    __shared__ float add[CC];
+    __shared__ float add[CC], osc[CC];   // and the output scale
     if (tid < CC) {
         const int c = c0 + tid;
         add[tid] = c < C ? bias[c] + (tbias ? tbias[tb_i * tb_stride + c] : 0.0f) : 0.0f;
+        osc[tid] = (oscale && c < C) ? oscale[c] : 1.0f;
     }
     __syncthreads();
 
@@ -362,7 +369,8 @@ __device__ __forceinline__ void dwconv_tc(DW_PARAMS) {
                 float &v0 = acc[q][cb][2 * h], &v1 = acc[q][cb][2 * h + 1];
                 v0 += add[cl];
                 v1 += add[cl];
-                ost[cl * (OSTR / 2) + (g + 8 * h) * (TW / 2) + cb * 4 + t] = (u32)D::from_f(v0) | ((u32)D::from_f(v1) << 16);
+                const float s = osc[cl];   // the statistics below take v0, v1 unscaled
+                ost[cl * (OSTR / 2) + (g + 8 * h) * (TW / 2) + cb * 4 + t] = (u32)D::from_f(v0 * s) | ((u32)D::from_f(v1 * s) << 16);
             }
     }
     // a tile inside the map and the channels (every tile of a map of 16 k rows and columns, of 8 CPW

@@ -19,11 +19,10 @@ from jetson_unet.ops.conv_pipe import (PIPE_DEEP_LIMIT, PIPE_SCRATCH, deep_ring,
 from jetson_unet.ops.tiles import choose_bk, choose_splits, choose_tile
 from jetson_unet.errors import ConfigError
 from jetson_unet.ops.keys import FEATURES, ConvKey
-from jetson_unet.model.plan import Op, Plan
+from jetson_unet.model.plan import CONV, Op, Plan
 
 
 GEMM_SCRATCH = 1200                                  # conv_gemm's beside its tiles (red, last, epilogue operands)
-FOLD_RATIO_MAX = 64.0                                # |gn_b / gn_w| a folded GroupNorm accepts (fold_norm)
 
 
 def check_key(key: ConvKey, n: int, dyn_smem: int, where: str) -> None:
@@ -148,42 +147,58 @@ def fold_fits(key: ConvKey) -> bool:
             and not key.subpixel)
 
 
-def fold_norm(key: ConvKey, gn_w: np.ndarray, gn_b: np.ndarray) -> bool:
+def scalable_input(op: Op, plan: Plan) -> bool:
+    """Whether the tensor op reads can be stored times a per-channel vector by its producer (the
+    oscale of kernels/dwconv.cu and of conv.cu's feature o): op is its only reader, and a depthwise or
+    GEMM conv between the image ends writes it."""
+    src = next((o for o in plan.ops if o.out == op.x), None)
+    return (src is not None and src.kind == CONV and src.x != plan.input and src.out != plan.output
+            and [o.out for o in plan.ops if op.x in o.reads()] == [op.out])
+
+
+def fold_norm(key: ConvKey, op: Op, plan: Plan) -> bool:
     """Whether a normalized conv with this key folds its GroupNorm into the GEMM (kernels/conv.cu
-    conv_gn_prologue: W * gn_w as weights, the raw input as A, padded taps set to the per-channel
-    value whose normalization is 0, rstd and a per-column term applied once). Only where the kernel
-    has one (fold_fits), and only for affine weights whose pad values mean - (gn_b / gn_w) * std stay
-    finite and as precise as a normalized value: every gn_w nonzero and |gn_b / gn_w| <=
-    FOLD_RATIO_MAX (the shipped model: <= 0.72; fp16 then overflows only past std ~1000)."""
-    gn_w = np.asarray(gn_w, dtype=np.float64)
-    if not fold_fits(key) or not np.all(gn_w != 0):
-        return False
-    return bool(np.all(np.abs(np.asarray(gn_b, dtype=np.float64) / gn_w) <= FOLD_RATIO_MAX))
+    conv_gn_prologue: the producer stores gn_w * x, the weights stay W, padded taps read the
+    per-channel value whose normalization is 0, rstd and a per-column term are applied once). Only
+    where the kernel has one (fold_fits) and the producer can scale its output (scalable_input)."""
+    return bool(op.norm) and fold_fits(key) and scalable_input(op, plan)
 
 
-def fold_weights(seg0: np.ndarray, bias: np.ndarray, gn_w: np.ndarray, gn_b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Segment 0 of the GEMM (Cout, K, K ordered (tap, c)) as W * gn_w, and the bias plus
-    P = W . gn_b (fold_norm; computed in float64 from the unrounded W)."""
-    taps = seg0.shape[1] // gn_w.size
-    w = np.asarray(seg0, dtype=np.float32)
-    # W * gn_w in fp32: one rounding of the exact product, the same bits as the float64 product
-    # (exact for two fp32 factors) rounded to fp32, without the float64 copy of W
-    wg = w * np.tile(np.asarray(gn_w, np.float32), taps)
+def output_scale(op: Op, ctx: Ctx) -> Optional[np.ndarray]:
+    """The per-channel factor op's kernel stores its output times: the gn_w of the conv that reads
+    it and folds its GroupNorm (fold_norm), else None. (Not memoized: ctx.memo outlives a tile choice.)"""
+    readers = [o for o in ctx.plan.ops if op.out in o.reads()]
+    if len(readers) != 1 or readers[0].x != op.out or not readers[0].norm or readers[0].kind != CONV:
+        return None
+    r = readers[0]
+    if not fold_norm(gemm_base_key(r, ctx), r, ctx.plan):
+        return None
+    return np.asarray(ctx.params[r.norm + ".weight"], dtype=np.float32)
+
+
+def fold_weights(seg0: np.ndarray, bias: np.ndarray, gn_b: np.ndarray) -> np.ndarray:
+    """The folded GroupNorm's bias: bias + P, P = W . gn_b over segment 0 of the GEMM (Cout, K, K
+    ordered (tap, c)), in float64 from the weights as given (fold_norm; the weights stay W)."""
+    taps = seg0.shape[1] // gn_b.size
     b = np.tile(np.asarray(gn_b, np.float64), taps)
-    return wg, (bias.astype(np.float64) + w.astype(np.float64) @ b).astype(np.float32)
+    return (bias.astype(np.float64) + np.asarray(seg0, np.float64) @ b).astype(np.float32)
 
 
-def fold_table(w: np.ndarray, precision: str, k0: int, gn_w: np.ndarray, gn_b: np.ndarray) -> np.ndarray:
-    """The folded GroupNorm's gn_fold blob: r = gn_b / gn_w (Cin), then Q[n] = the sum of the packed,
-    rounded weights' first k0 columns (segment 0, padding included: zeros) for each of the Npad rows."""
-    q = (w[:, :k0] if precision == "fp16" else from_device(w[:, :k0], precision)).astype(np.float64).sum(axis=1)
-    r = np.asarray(gn_b, np.float64) / np.asarray(gn_w, np.float64)
-    return np.concatenate([r, q]).astype(np.float32)
+def fold_table(w: np.ndarray, precision: str, k0: int, cin: int, gn_w: np.ndarray, gn_b: np.ndarray) -> np.ndarray:
+    """The folded GroupNorm's gn_fold blob: gn_w (Cin), gn_b (Cin), then Q[n] = sum_k W[n][k] gn_w[c(k)]
+    over the packed weights' first k0 columns (segment 0, K ordered (tap, c), padding zeros: c(k) = k
+    mod Cin for the taps' columns) for each of the Npad rows, in float64."""
+    wk = (w[:, :k0] if precision == "fp16" else from_device(w[:, :k0], precision)).astype(np.float64)
+    g = np.zeros(k0)
+    taps = min(k0, (k0 // cin) * cin)
+    g[:taps] = np.tile(np.asarray(gn_w, np.float64), taps // cin)
+    return np.concatenate([np.asarray(gn_w, np.float64), np.asarray(gn_b, np.float64), wk @ g]).astype(np.float32)
 
 
 # ---- the GEMM conv and the gate -------------------------------------------------------------------
 
-def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
+def gemm_base_key(op: Op, ctx: Ctx) -> ConvKey:
+    """The op's tile and kernel family, before the fold and the features (gemm_key)."""
     plan = ctx.plan
     xt, ot = plan.tensors[op.x], plan.tensors[op.out]
     kh, st, up = {"none": (op.k, 1, 1), "up2": (op.k, 1, 2), "unshuffle2": (2, 2, 1)}[op.in_map]
@@ -208,12 +223,18 @@ def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
            or with_pipeline(key, ctx, dyn))
     if op.in_map == "up2":
         key = subpixel(key, op, ctx, dyn)
-    if op.norm and fold_norm(key, ctx.params[op.norm + ".weight"], ctx.params[op.norm + ".bias"]):
+    return key
+
+
+def gemm_key(op: Op, ctx: Ctx) -> ConvKey:
+    key = gemm_base_key(op, ctx)
+    if fold_norm(key, op, ctx.plan):
         key = dataclasses.replace(key, fold=True)
     nks = gemm_k_tiles(op, ctx, key)
+    m = ctx.plan.tensors[op.out].size ** 2
     has = {"g": op.act == "gelu", "t": bool(op.tbias), "n": bool(op.norm), "k": len(nks) > 1,
-           "r": bool(op.residual) and not xr}
-    return with_features(key, op, ctx, has, ot.size * ot.size, ot.channels, sum(nks))
+           "r": bool(op.residual) and not k_residual(op), "o": output_scale(op, ctx) is not None}
+    return with_features(key, op, ctx, has, m, ctx.plan.tensors[op.out].channels, sum(nks))
 
 
 def gemm_k_tiles(op: Op, ctx: Ctx, key: ConvKey) -> List[int]:
@@ -309,14 +330,14 @@ def gemm_blobs(op: Op, ctx: Ctx, key: ConvKey) -> Tuple[Dict[str, np.ndarray], i
         segs.append(np.eye(n, dtype=np.float32))
     gn_w, gn_b = (p[op.norm + ".weight"], p[op.norm + ".bias"]) if op.norm else (None, None)
     if key.fold:   # gemm_key decided (fold_norm)
-        segs[0], bias = fold_weights(segs[0], bias, gn_w, gn_b)
+        bias = fold_weights(segs[0], bias, gn_b)
     if key.subpixel:
         w, ldw, nks = pack_subpixel(prec, key.bn, key.bk, p[op.prefix + ".weight"])
     else:
         w, ldw, nks = pack_gemm(prec, key.bn, key.bk, segs)
     blobs = {"w": w, "bias": padded(bias, round_up(n, key.bn))}
     if key.fold:
-        blobs["gn_fold"] = fold_table(w, prec, nks[0] * key.bk, gn_w, gn_b)
+        blobs["gn_fold"] = fold_table(w, prec, nks[0] * key.bk, xt.channels, gn_w, gn_b)
     elif op.norm:
         blobs["gn_w"] = padded(gn_w, xt.channels)
         blobs["gn_b"] = padded(gn_b, xt.channels)
@@ -336,6 +357,9 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
     packed = memoized(ctx, ("gemm_blobs", op.out, key.dtype, key.bn, key.bk, key.fold, key.subpixel),
                       lambda: gemm_blobs(op, ctx, key))
     blobs, ldw, nks = dict(packed[0]), packed[1], packed[2]   # split_k adds to the op's own dict
+    oscale = output_scale(op, ctx) if "o" in key.feat else None   # the generic kernel's o: maybe none
+    if oscale is not None:
+        blobs["oscale"] = padded(oscale, round_up(n, key.bn))
     mtiles, ntiles = cdiv(m, tile[0]), cdiv(n, tile[1])
     splits, ws_bytes = split_k(blobs, mtiles, ntiles, sum(nks), key, ctx, op.out)
     check_features(key, op.out, nks, splits)
@@ -359,7 +383,8 @@ def gemm_conv_spec(op: Op, ctx: Ctx) -> OpSpec:
                 P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
                 P(gn_w_ptr), P(gn_b_ptr), P(gn_fold), P(gn_part), I(gn_n), F(r.norm_eps), P(res_ptr), I(ldres),
                 P(out_ptr), I(ot.size), I(ot.size), I(n), I(ldo), P(r.stats_out(op.out)), I(act),
-                P(0), F(0.0), *split_args(r, op.out, splits, ws_bytes))
+                P(0), F(0.0), *split_args(r, op.out, splits, ws_bytes),
+                P(r.blob(op.out, "oscale") if oscale is not None else 0))
 
     return OpSpec(op, key, grid, (key.threads, 1, 1), smem, blobs, make_args, mtiles * ntiles, ws_bytes)
 
@@ -406,7 +431,8 @@ def gate_key(op: Op, ctx: Ctx) -> Any:
     bk = 64 if (pipe and bn < g) else choose_bk(ctx.precision, bm, bn, vec, True)   # the split gates' tuned BK
     key = ConvKey(ctx.precision, bm, bn, bk, wm, wn, 1, 1, 1, vec, True, nsplit=bn < g)
     key = tuned_key(key, ctx, op.out, g, 0) or with_pipeline(key, ctx, 0)
-    return with_features(key, op, ctx, {"g": False, "t": False, "n": False, "k": True, "r": False}, size * size, g,
+    return with_features(key, op, ctx, {"g": False, "t": False, "n": False, "k": True, "r": False, "o": False},
+                         size * size, g,
                          cdiv(g, key.bk) + cdiv(r_ch, key.bk))
 
 
@@ -441,6 +467,6 @@ def gate_spec(op: Op, ctx: Ctx) -> OpSpec:
                 P(r.blob(op.out, "bias")), P(0), I(0), P(0),
                 P(0), P(0), P(0), P(0), I(0), F(0.0), P(0), I(0),
                 P(out_ptr), I(size), I(size), I(g), I(ldo), P(0), I(0),
-                P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits, ws_bytes))
+                P(r.blob(op.out, "psi")), F(psi_b), *split_args(r, op.out, splits, ws_bytes), P(0))
 
     return OpSpec(op, key, grid, (key.threads, 1, 1), pipe_smem(key, 0), blobs, make_args, 0, ws_bytes)

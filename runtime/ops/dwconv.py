@@ -7,6 +7,7 @@ import numpy as np
 from typing import Any, Tuple
 
 from jetson_unet.ops.common import Ctx, I, OpSpec, P, Resolver, b_fragment, cdiv, padded, to_device, vec_for
+from jetson_unet.ops.conv import output_scale
 from jetson_unet.ops.keys import SimpleKey
 from jetson_unet.model.plan import Op
 
@@ -89,6 +90,9 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
     tc = key.kind == "dwconv_tc"
     blobs = {"w": pack_dw_tc(w, k, ctx.precision) if tc else np.ascontiguousarray(w.T),
              "bias": padded(ctx.params[op.prefix + ".bias"], c)}
+    oscale = output_scale(op, ctx)   # the next conv folds its GroupNorm: store gn_w * out
+    if oscale is not None:
+        blobs["oscale"] = padded(oscale, c)
     rows, cc = (DW_TC_TILE, 8 * key.cp) if tc else (DW_TILE * key.cp, DW_CC)
     grid = (cdiv(size, rows) * cdiv(size, key.tw), cdiv(c, cc), ctx.batch)
 
@@ -98,6 +102,6 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
         tb_ptr, tb_stride = r.tbias(op.tbias) if op.tbias else (0, 0)
         return (P(x_ptr), I(size), I(size), I(c), I(ldx), P(r.blob(op.out, "w")),
                 P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
-                P(out_ptr), I(ldo), P(r.stats_out(op.out)))
+                P(out_ptr), I(ldo), P(r.stats_out(op.out)), P(r.blob(op.out, "oscale") if oscale is not None else 0))
 
     return OpSpec(op, key, grid, (DW_THREADS, 1, 1), 0, blobs, make_args, grid[0] * grid[1])

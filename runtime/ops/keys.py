@@ -12,8 +12,9 @@ DTYPES = {"fp32": ("F32", "f32"), "fp16": ("F16", "f16"), "bf16": ("BF16", "bf16
 # compile-time null or constant there, so its code folds away. g: GELU; t: time bias; n: GroupNorm
 # of the input; k: a second K segment (the residual's rows); r: a residual added in the epilogue;
 # s: GroupNorm statistics of the output; p: split-K (splits > 1), which comes with every letter
-# (ops.conv.with_features: the generic kernel).
-FEATURES = "gtnkrsp"
+# (ops.conv.with_features: the generic kernel); o: the output stored times a per-channel vector (the
+# next conv's gn_w, where that conv folds its GroupNorm: ops.conv.output_scale).
+FEATURES = "gtnkrspo"
 
 
 @dataclass(frozen=True)

@@ -232,19 +232,21 @@ class Problem:
         self.psi = rng.standard_normal(n).astype(np.float32)
         self.segs = segs
 
-    def run(self, lib, k: ConvKey):
+    def run(self, lib, k: ConvKey, oscale=None):
         """The kernel of `k` on this problem; k.fold: with the GroupNorm folded into the GEMM
-        (fold_weights / fold_table, as the executor prepares it) instead of the table."""
-        segs, bias, fold = self.segs, self.bias, k.fold
+        (fold_weights / fold_table, as the executor prepares it) instead of the table, its input as
+        the producer stores it then (gn_w * x, rounded); oscale: the outputs' per-channel factor
+        (feature o, padded to Npad)."""
+        segs, bias, fold, x = self.segs, self.bias, k.fold, self.x
         if fold:
-            seg0, bias = fold_weights(segs[0], bias, self.gn_w, self.gn_b)
-            segs = [seg0] + segs[1:]
+            bias = fold_weights(segs[0], bias, self.gn_b)
+            x = to_device(values(self.x, k.dtype).astype(np.float64) * self.gn_w, k.dtype)
         if k.subpixel:   # sub-pixel: the problem's 3x3 weights (K ordered ky, kx, c) per parity
             w3 = self.wmat.reshape(self.n, 3, 3, self.cin).transpose(0, 3, 1, 2)
             w, ldw, nks = pack_subpixel(k.dtype, k.bn, k.bk, w3)
         else:
             w, ldw, nks = pack_gemm(k.dtype, k.bn, k.bk, segs)
-        fold_blob = fold_table(w, k.dtype, nks[0] * k.bk, self.gn_w, self.gn_b) if fold else None
+        fold_blob = fold_table(w, k.dtype, nks[0] * k.bk, self.cin, self.gn_w, self.gn_b) if fold else None
         npad = round_up(self.n, k.bn)
         mtiles, ntiles = cdiv(self.m, k.bm), cdiv(self.n, k.bn)
         out_c = self.cr if self.gate else self.n
@@ -262,7 +264,7 @@ class Problem:
             keep.append(a)
             return ctypes.c_void_p(a.ctypes.data)
 
-        args = [p(self.x), self.hin, self.hin, self.cin, self.cin, p(self.xr if self.cr else None), self.cr,
+        args = [p(x), self.hin, self.hin, self.cin, self.cin, p(self.xr if self.cr else None), self.cr,
                 self.xr.shape[-1], p(w), ldw, nks[0], nks[1] if len(nks) > 1 else 0,
                 p(padded(bias, npad)), p(self.tb if self.tbias_on else None), self.n,
                 p(self.t_idx if self.tbias_on else None), p(self.gn_w if self.norm and not fold else None),
@@ -270,7 +272,8 @@ class Problem:
                 p(self.gn_part if self.norm else None), 4, 1e-5,
                 p(self.res if self.res_on else None), self.n, out, self.hout, self.hout, self.n, out_c,
                 None if self.gate else st_part, self.act, p(padded(self.psi, npad) if self.gate else None),
-                0.25, self.splits, p(ws if n_ws else None), p(counters if n_ctr else None)]
+                0.25, self.splits, p(ws if n_ws else None), p(counters if n_ctr else None),
+                p(None if oscale is None else padded(oscale, npad))]
         kinds = macro_params()
         assert len(kinds) == len(args), f"CONV_PARAMS has {len(kinds)} parameters, the test passes {len(args)}"
         cargs = []
@@ -318,7 +321,7 @@ def own_features(shape: dict) -> str:
         return FEATURES
     has = {"g": shape.get("act") == 1, "t": shape.get("tbias", False), "n": shape.get("norm", False),
            "k": shape["cr"] > 0, "r": shape.get("res", False), "s": not shape.get("gate"),
-           "p": False}
+           "p": False, "o": False}
     return "".join(c for c in FEATURES if has[c])
 
 

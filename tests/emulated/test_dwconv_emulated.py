@@ -77,8 +77,11 @@ def as_float(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.astype(np.float64) if dtype == "fp32" else values(a, dtype).astype(np.float64)
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["", "oscale"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_dwconv_matches_reference(lib, case):
+def test_dwconv_matches_reference(lib, case, scaled):
+    """scaled: channel c stored times oscale[c] (the next conv folds its GroupNorm), the statistics
+    still those of the unscaled outputs."""
     name, dt, vec, tw, s = case
     rng = np.random.default_rng(7)
     b, h, w, c = s["batch"], s["h"], s["w"], s["c"]
@@ -101,8 +104,10 @@ def test_dwconv_matches_reference(lib, case):
     def ptr(a, off=0):   # the address of element `off` of a (the channel window's first)
         return ctypes.c_void_p(a.ctypes.data + off * esize)
 
+    osc = (0.5 + rng.random(c)).astype(np.float32)
     args = [ptr(xbuf, x0), h, w, c, s["ldx"], ptr(wk), ptr(bias), ptr(tb) if s["tbias"] else ctypes.c_void_p(0),
-            c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st)]
+            c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st),
+            ptr(osc) if scaled else ctypes.c_void_p(0)]
     cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(macro_params("dwconv.cu", "DW_PARAMS"), args)]
     getattr(lib, "emu_" + dw_key(dt, vec, tw, cp, tc).symbol)(tiles_x * tiles_y, ctiles, b, DW_THREADS, *cargs)
 
@@ -114,7 +119,7 @@ def test_dwconv_matches_reference(lib, case):
         want = want + tb[t_idx].astype(np.float64)[:, :, None, None]
     want = want.transpose(0, 2, 3, 1)
     got_all = as_float(out, dt)
-    got = got_all[..., o0:o0 + c]
+    got = got_all[..., o0:o0 + c] / (osc if scaled else 1.0)
     assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} outputs unwritten"
     outside = np.delete(got_all, np.s_[o0:o0 + c], axis=3)
     assert np.isnan(outside).all(), f"{name}: wrote outside its channel window"

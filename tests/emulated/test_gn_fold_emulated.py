@@ -1,13 +1,15 @@
-"""The GroupNorm folded into the GEMM (kernels/conv.cu conv_gn_prologue, runtime/gpu/ops.py fold_norm)
+"""The GroupNorm folded into the GEMM (kernels/conv.cu conv_gn_prologue, runtime/ops/conv.py fold_norm)
 in the cp.async and halo convs, run on the CPU by tests/emu/simt.h, against a float64 NumPy conv of
-the normalized, zero-padded input. Every case has padded taps (small maps: borders everywhere), and
-the table-mode kernel (the same key, GroupNorm applied to every A vector) on the same problem sets
-the error scale: the fold must be as close to float64 as the table is, give or take the rounding
-of W * gn_w instead of W. Cases: 3x3 with time bias, GELU and residual; k slices; a residual_conv
-segment with split-K straddling it; several halo channel chunks; up2; bf16 with 8 warps; 1x1; a
-mean 8 standard deviations off zero with large gn_b / gn_w (pad values far from the data).
-Mutations that this catches (checked by hand): pads left at zero, rstd never applied, the column
-term dropped. Also the host's rule (fold_norm) and the folded weights' algebra."""
+the normalized, zero-padded input. The folded kernel reads its input as the producer stores it for
+it, gn_w * x rounded to 16 bits (the producer's output scale: test_output_scale_*). Every case has
+padded taps (small maps: borders everywhere), and the table-mode kernel (the same key, GroupNorm
+applied to every A vector) on the same problem sets the error scale: the fold must be as close to
+float64 as the table is, give or take the rounding of gn_w * x instead of the normalized value.
+Cases: 3x3 with time bias, GELU and residual; k slices; a residual_conv segment with split-K
+straddling it; several halo channel chunks; up2; bf16 with 8 warps; 1x1; a mean 8 standard
+deviations off zero with large gn_b / gn_w (pad values far from the data). Mutations that this
+catches (checked by hand): pads left at zero, rstd never applied, the column term dropped. Also the
+host's rule (fold_norm) and the fold's algebra."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,10 +17,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jetson_unet.ops.conv import FOLD_RATIO_MAX, fold_norm, fold_table, fold_weights
+from jetson_unet.model.config import UNetConfig
+from jetson_unet.model.plan import Op, build_plan
+from jetson_unet.ops.conv import fold_fits, fold_norm, fold_table, fold_weights, scalable_input
 from jetson_unet.ops.conv_halo import ConvGeom, halo_problems
 from jetson_unet.model.reference import gelu
-from tests.emulated.test_conv_halo_emulated import halo
+from tests.emulated.test_conv_halo_emulated import halo, rows
 from tests.emulated.test_conv_pipe_emulated import Problem, build_lib, key, merged, values
 
 pytestmark = pytest.mark.slow
@@ -90,7 +94,7 @@ def test_folded_norm_matches_float64(emu_lib, case):
     _, keys, shape = case
     for k in keys:
         prob = Problem(k, **shape)
-        assert fold_norm(k, prob.gn_w, prob.gn_b), k.symbol
+        assert fold_fits(k), k.symbol
         if k.halo:
             geom = ConvGeom(shape["cin"], shape["cr"], prob.hout, True)
             assert halo_problems(k, geom) == [], k.symbol
@@ -101,7 +105,7 @@ def test_folded_norm_matches_float64(emu_lib, case):
         assert not np.isnan(got).any(), f"{k.symbol}: {np.isnan(got).sum()} outputs unwritten (or NaN)"
         e_table, e_fold = rel_l2(table, want), rel_l2(got, want)
         # the table's error is the 16-bit rounding of the normalized input and of the output; the
-        # fold trades the first for the rounding of W * gn_w: the same size, not more
+        # fold trades the first for the rounding of gn_w * x: the same size, not more
         ulp = 2.0 ** -11 if k.dtype == "fp16" else 2.0 ** -8
         assert e_fold <= 1.5 * e_table + ulp, (k.symbol, e_fold, e_table)
         worst = np.abs(got - want).max() / np.abs(want).max()
@@ -112,32 +116,69 @@ def test_folded_norm_matches_float64(emu_lib, case):
 
 
 def test_fold_rule():
+    """The fold where the kernel has one and the producer can store gn_w * x for the conv alone."""
+    plan = build_plan(UNetConfig())
+    ops = {o.out: o for o in plan.ops}
+    conv1, conv2 = ops["downs.0.block1.conv1"], ops["downs.0.block1"]
     k = key(64, 64, 32, stages=3)
-    g, b = np.array([1.0, -0.5, 2.0]), np.array([0.1, 3.0, -1.0])
-    assert fold_norm(k, g, b)
-    assert not fold_norm(key(64, 64, 32), g, b), "conv_gemm (stages 0) keeps the table"
-    assert not fold_norm(key(64, 64, 16, dtype="fp32", stages=3), g, b), "fp32 keeps the table"
-    assert not fold_norm(key(32, 256, 32, stages=3, wm=1, wn=4), g, b), "BN > 128: no epilogue prefetch"
-    assert not fold_norm(k, np.array([1.0, 0.0, 2.0]), b), "a zero gn_w has no pad value"
-    big = b.copy()
-    big[1] = 0.5 * (FOLD_RATIO_MAX + 1)
-    assert not fold_norm(k, g, big), "|gn_b / gn_w| past FOLD_RATIO_MAX"
+    assert fold_norm(k, conv1, plan) and fold_norm(k, conv2, plan), "after the depthwise conv and after conv1"
+    assert not fold_norm(key(64, 64, 32), conv1, plan), "conv_gemm (stages 0) keeps the table"
+    assert not fold_norm(key(64, 64, 16, dtype="fp32", stages=3), conv1, plan), "fp32 keeps the table"
+    assert not fold_norm(key(32, 256, 32, stages=3, wm=1, wn=4), conv1, plan), "BN > 128: no epilogue prefetch"
+    assert not fold_norm(k, ops["downs.0.block1.ds_conv"], plan), "no GroupNorm"
+    shared = dataclasses.replace(conv1, out="other", inputs=("downs.0.block1",))   # read by block2 too
+    assert not scalable_input(shared, plan) and not fold_norm(k, shared, plan), "a tensor others read"
 
 
-def test_fold_weights_algebra():
-    """conv(gn(x)) = rstd * W'.xp - mean * rstd * Q + P with xp's padded taps at the pad value."""
+def test_fold_algebra():
+    """conv(gn(x)) = rstd * W.xp - mean * rstd * Q + P with xp = gn_w * x in bounds and the pad value
+    gn_w * mean - gn_b / rstd at padded taps (the table's gn_w, gn_b and Q; P in the bias)."""
     rng = np.random.default_rng(3)
     cin, n, taps = 5, 4, 9
     w = rng.standard_normal((n, taps * cin)).astype(np.float32)
-    bias, g, b = rng.standard_normal(n), rng.standard_normal(cin) + 2.0, rng.standard_normal(cin)
+    bias, g, b = rng.standard_normal(n), rng.standard_normal(cin), rng.standard_normal(cin)
+    g[1] = 0.0                                         # a zero gn_w folds too
     mean, rstd = 1.7, 0.6
     x = rng.standard_normal((taps, cin)) * 3 + mean
     inb = rng.random(taps) < 0.6                       # which taps are inside the image
     y = np.where(inb[:, None], (x - mean) * rstd * g + b, 0.0)   # zero padding of gn(x)
     want = w.astype(np.float64) @ y.ravel() + bias
-    wf, bf = fold_weights(w, bias.astype(np.float32), g, b)
-    table = fold_table(wf.astype(np.float32), "fp32", taps * cin, g, b)
-    r, q = table[:cin], table[cin:]
-    xp = np.where(inb[:, None], x, mean - r / rstd)   # the pad value of each channel
-    got = rstd * (wf.astype(np.float64) @ xp.ravel()) - mean * rstd * q + bf
+    bf = fold_weights(w, bias.astype(np.float32), b)
+    k0 = taps * cin + 3                                # packed K: padding columns of zeros
+    wp = np.concatenate([w, np.zeros((n, 3), np.float32)], axis=1)
+    table = fold_table(wp, "fp32", k0, cin, g, b)
+    assert np.array_equal(table[:cin], g.astype(np.float32)) and np.array_equal(table[cin:2 * cin], b.astype(np.float32))
+    q = table[2 * cin:]
+    xp = np.where(inb[:, None], g * x, g * mean - b / rstd)
+    got = rstd * (w.astype(np.float64) @ xp.ravel()) - mean * rstd * q + bf
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# the producer's output scale (feature o): the generic kernel (every feature), an own-features
+# tile of the 16-byte stores (pass16: whole tiles, GELU known) and the row tiles
+SCALE_KEYS = [key(64, 64, 32, stages=3), key(64, 64, 32, stages=3, feat="gnso"), halo(key(64, 64, 32, stages=3)),
+              dataclasses.replace(rows(64, 64, 1, 2), feat="gnso")]
+
+
+@pytest.fixture(scope="module")
+def scale_lib(tmp_path_factory):
+    own = [dataclasses.replace(k, feat=k.feat.replace("o", "")) for k in SCALE_KEYS if k.feat != "gtnkrspo"]
+    return build_lib(SCALE_KEYS + own, tmp_path_factory.mktemp("emu-oscale"))
+
+
+@pytest.mark.parametrize("k", SCALE_KEYS, ids=[k.symbol for k in SCALE_KEYS])
+def test_output_scale_scales_stores_not_statistics(scale_lib, k):
+    """With oscale, column n is stored as the 16-bit rounding of v * oscale[n]; the GroupNorm
+    partials are those of v, bit for bit the run's without it (an own-features key without o for
+    the unscaled run: the o bit reaches the argument)."""
+    prob = Problem(k, hin=16, cin=32, n=64, cr=0, batch=2, norm=True, act=1)
+    plain = k if "p" in k.feat else dataclasses.replace(k, feat=k.feat.replace("o", ""))
+    want_out, want_st = prob.run(scale_lib, plain)
+    osc = (0.5 + np.random.default_rng(4).random(64)).astype(np.float32)
+    got_out, got_st = prob.run(scale_lib, k, oscale=osc)
+    assert np.array_equal(got_st, want_st, equal_nan=True), "the statistics must be the unscaled values'"
+    want = values(want_out, k.dtype).astype(np.float64) * osc
+    got = values(got_out, k.dtype).astype(np.float64)
+    assert not np.isnan(got).any()
+    # one rounding of v * s against the rounding of v times s: within two units in the last place
+    assert np.all(np.abs(got - want) <= 2 * 2.0 ** -11 * np.abs(want) + 1e-6), k.symbol

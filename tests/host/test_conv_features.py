@@ -19,7 +19,7 @@ from tests.helpers.fakes import FakeBackend
 shipped_weights = functools.lru_cache(maxsize=None)(lambda: load_weights(default_weights_path()))
 
 PARAMS = ("x_ Hin Win Cin ldx xr_ Cr ldr w_ ldw nk0 nk1 bias tbias tb_stride t_idx gn_w gn_b gn_fold gn_part "
-          "gn_P gn_eps res_ ldres out_ Hout Wout N ldo st_part act psi_w psi_b splits ws counters").split()
+          "gn_P gn_eps res_ ldres out_ Hout Wout N ldo st_part act psi_w psi_b splits ws counters oscale").split()
 
 
 def arg_features(args) -> str:
@@ -27,7 +27,7 @@ def arg_features(args) -> str:
     a = dict(zip(PARAMS, (int(v) if not isinstance(v, float) else v for v in args)))
     has = {"g": a["act"] == 1, "t": a["tbias"] != 0, "n": a["gn_part"] != 0,
            "k": a["nk1"] > 0 and a["Cr"] > 0 and a["xr_"] != 0, "r": a["res_"] != 0, "s": a["st_part"] != 0,
-           "p": a["splits"] > 1}
+           "p": a["splits"] > 1, "o": a["oscale"] != 0}
     return "".join(c for c in FEATURES if has[c])
 
 

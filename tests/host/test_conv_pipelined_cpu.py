@@ -179,8 +179,9 @@ def test_pipelined_module_compiles_for_sm87(ptxas87):
 # ptxas spills of the deep-ring candidates at the 128-register cap (bytes, stores + loads): measured
 # nvcc 13 sm_87 0-32, sm_90 8-36. They stay at the cap: held to 168 registers without spills (3 CTAs
 # per SM), the H100's batch-16 call with them was 0.941 / 0.938 ms against 0.916 / 0.919 at the cap;
-# the tuner keeps them only where they measure faster.
-DEEP_SPILL_MAX = 64
+# the tuner keeps them only where they measure faster. The generic kernel's output scale (feature o)
+# took the 64x64x64 2x1 folded candidate from 0 to 68 bytes at 255 registers (nvcc 13, sm_87).
+DEEP_SPILL_MAX = 72
 # ... and of the halo conv's row tiles (64 accumulators per thread at the 128- or 168-register cap):
 # nvcc 13 sm_87 0-88 bytes over its 33 candidates, all in the set-up and the epilogue (cuobjdump: no
 # local-memory access between a kernel's first and last mma, 2026-11-28).

@@ -178,8 +178,9 @@ def test_bf16_rounding_is_nearest_even():
 
 def emulate(spec, key, env, plan, params, precision):
     """conv.cu's implicit GEMM on the host: the same K order, padding, in_map and packed weights; a
-    folded GroupNorm (blob gn_fold) as the kernels compute it: the raw input with the pad value at
-    padded taps, the segment-0 sum times rstd, minus mean * rstd * Q (conv.cu conv_gn_prologue)."""
+    folded GroupNorm (blob gn_fold) as the kernels compute it: the input as its producer stores it
+    (gn_w * x, its oscale) with the pad value at padded taps, the segment-0 sum times rstd, minus
+    mean * rstd * Q (conv.cu conv_gn_prologue)."""
     op = spec.op
     xt, ot = plan.tensors[op.x], plan.tensors[op.out]
     x = env[op.x].transpose(0, 2, 3, 1)
@@ -207,8 +208,9 @@ def emulate(spec, key, env, plan, params, precision):
     if fold:
         axes = (1, 2, 3)
         mean, rstd = env[op.x].mean(axis=axes), 1.0 / np.sqrt(env[op.x].var(axis=axes) + plan.config.norm_eps)
-        r, q = spec.blobs["gn_fold"][:cin], spec.blobs["gn_fold"][cin:]
-        pad_value = (mean[:, None] - r[None, :] / rstd[:, None])[:, None, None, c]
+        g, b, q = spec.blobs["gn_fold"][:cin], spec.blobs["gn_fold"][cin:2 * cin], spec.blobs["gn_fold"][2 * cin:]
+        x = x * g
+        pad_value = (g[None, :] * mean[:, None] - b[None, :] / rstd[:, None])[:, None, None, c]
     a = np.where(ok, x[:, np.clip(vy // up, 0, hin - 1), np.clip(vx // up, 0, hin - 1), c], pad_value)
     out = a @ w[:, :k0p].T
     if fold:
@@ -246,10 +248,14 @@ def test_packed_weights_reproduce_every_gemm_conv(cfg, precision):
     env = ref.time_env(np.array([3, 7]))
     ref.eps(rng.standard_normal((2, cfg.channels, cfg.image_size, cfg.image_size)), np.array([3, 7]), env)
     tol = 1e-6 if precision == "fp32" else 3e-2   # fp32 weights vs float64; bf16 weights
+    specs = {s.op.out: s for s in ex.specs}
     for spec in ex.specs:
         if kernel_kind(spec.op, ex.plan) != "gemm":
             continue
         op = spec.op
+        if "gn_fold" in spec.blobs:   # its producer stores gn_w * x for it
+            cin = ex.plan.tensors[op.x].channels
+            assert np.array_equal(specs[op.x].blobs["oscale"][:cin], spec.blobs["gn_fold"][:cin]), op.out
         plain = op.__class__(CONV, op.out, op.inputs, op.prefix, k=op.k, in_map=op.in_map, norm=op.norm,
                              residual=k_residual(op),
                              residual_conv=op.residual_conv)
@@ -358,22 +364,19 @@ def test_device_noise_stream(batch, graphs):
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("src", [np.float16, np.float32])
 def test_packing_shortcuts_give_the_float64_route_s_bits(precision, src):
-    """pack_gemm packs an fp16 segment straight into fp16 and fold_weights multiplies in fp32 (the
-    executor's start-up: ~30% less host time at fp16). Both must give the bits of the plain route:
-    everything in fp32 / float64, then one rounding to the device dtype."""
+    """pack_gemm packs an fp16 segment straight into fp16 (the executor's start-up: ~30% less host
+    time at fp16) and fold_weights sums P in float64: the bits of the plain route, everything in
+    fp32 / float64, then one rounding to the device dtype."""
     rng = np.random.default_rng(7)
     cin, taps, n = 24, 9, 40
     seg0 = (rng.standard_normal((n, taps * cin)) * np.exp(rng.uniform(-12, 6, (n, taps * cin)))).astype(src)
     seg1 = rng.standard_normal((n, 16)).astype(src)
-    gn_w = rng.uniform(-2, 2, cin).astype(np.float16)
     gn_b = rng.standard_normal(cin).astype(np.float16)
     bias = rng.standard_normal(n).astype(np.float32)
-    wf, bf = fold_weights(seg0, bias, gn_w, gn_b)
-    w64 = seg0.astype(np.float64)
-    g64, b64 = np.tile(gn_w.astype(np.float64), taps), np.tile(gn_b.astype(np.float64), taps)
-    assert wf.dtype == np.float32 and np.array_equal(wf.view(np.uint32), (w64 * g64).astype(np.float32).view(np.uint32))
+    bf = fold_weights(seg0, bias, gn_b)
+    w64, b64 = seg0.astype(np.float64), np.tile(gn_b.astype(np.float64), taps)
     assert np.array_equal(bf, (bias.astype(np.float64) + w64 @ b64).astype(np.float32))
-    for segs in ([seg0, seg1], [wf, seg1]):
+    for segs in ([seg0, seg1],):
         got, ld, nks = pack_gemm(precision, 32, 64, segs)
         plain = np.zeros((64, 256 + 64), np.float32)   # N to BN 32, each K segment to BK 64
         plain[:n, :taps * cin] = segs[0]

@@ -74,9 +74,9 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
         ("conv.cu", "        if (st_part) {   // GroupNorm partials", "        if (false) {   // GroupNorm partials")]),
     "store": ("the GEMM convs' output stores (the values are still computed: the statistics use them)", [
         ("conv.cu", "if (VEC > 1 && ok1) {   // VEC > 1", "if (false) {   // VEC > 1"),
-        ("conv.cu", "if (ok0) o[0] = D::from_f(v0);\n"
-                    "                if (ok1) o[1] = D::from_f(v1);",
-         "if (v0 == 1234.5f) o[0] = D::from_f(v1);")]),
+        ("conv.cu", "if (ok0) o[0] = D::from_f(s0);\n"
+                    "                if (ok1) o[1] = D::from_f(s1);",
+         "if (s0 == 1234.5f) o[0] = D::from_f(s1);")]),
     "kloop": ("the k loops of the cp.async and halo convs (no copies, no mma)", [
         ("conv_halo.cu", "ntiles = ke - kb;", "ntiles = 0 * (ke - kb);"),
         ("conv_halo.cu", "nu = nc0 + nk1;", "nu = 0 * (nc0 + nk1);"),
@@ -95,9 +95,8 @@ KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
     # with "nopad": what a fold that leaves the zero-filled padding alone could save at most (paying
     # for the padding in the epilogue instead cost more than the two save: docs/kernels.md)
     "nobar": ("the folded GroupNorm's pad table and the prologue's barrier (the merge stays)", [
-        ("conv.cu", "if (c < Cin) t[c] = D::from_f(fmaf(-pw[r], sd, mean));", ""),
-        ("conv.cu", "for (int c = threadIdx.x + PF * NT; c < Cin; c += NT) t[c] = D::from_f(fmaf(-gn_fold[c], sd, mean));",
-         ""),
+        ("conv.cu", "if (c < Cin) t[c] = D::from_f(fmaf(-pb[r], sd, pw[r] * mean));", ""),
+        ("conv.cu", "t[c] = D::from_f(fmaf(-gn_fold[Cin + c], sd, gn_fold[c] * mean));", ";"),
         ("conv.cu", "    __syncthreads();\n}\n\n// The folded GroupNorm's rstd",
          "    if (!fold) __syncthreads();\n}\n\n// The folded GroupNorm's rstd")]),
 }
