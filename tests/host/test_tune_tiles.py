@@ -476,3 +476,23 @@ def test_shipped_tiles_map_to_conv_gemm_tiles(weights, name):
         tiles = gemm_tiles(ex)
     with GpuExecutor(weights, "fp16", batch=int(batch), backend=be, policy=KernelPolicy(tiles=tiles)) as ex:
         assert not pipelined_symbols(ex)
+
+
+def test_every_round_launches_kernels_the_candidate_build_holds(weights):
+    """A producer's output scale (feature o) follows its reader's tile (ops.conv.output_scale), which a
+    round varies too: still no round's executor has a kernel outside the candidates' keys and the
+    module grid (it would compile a module of its own). Every candidate of a normalized conv folds."""
+    from jetson_unet.model.plan import CONV, GATE
+    from jetson_unet.ops.specs import all_tile_keys, op_key
+    plan = build_plan(weights.config)
+    ctx = Ctx(plan, weights.params, "fp16", 4, 8, view_layout(plan), memo={})
+    ops = {op.out: op for op in plan.ops if tunable(op, ctx)}
+    cands = {n: candidates(op, ctx) for n, op in ops.items()}
+    extra = {tune.tile_key(ops, ctx, n, t) for n, ts in cands.items() for t in ts}
+    have = extra | set(all_tile_keys(ctx))
+    rounds = tune.as_rounds(cands)
+    assert len(rounds) > 3
+    for tiles in rounds:
+        rctx = Ctx(plan, weights.params, "fp16", 4, 8, view_layout(plan), tiles=tiles, memo={})
+        own = {op_key(op, rctx) for op in plan.ops if op.kind in (CONV, GATE)}
+        assert own <= have, sorted(k.symbol for k in own - have)[:3]
