@@ -174,8 +174,8 @@ __device__ __forceinline__ bool last_seg0_tile(int kt, int i, int ntiles, int nk
 }
 
 // Bias (gates: bias and psi) of the CTA's BN output columns, loaded into registers at the start and
-// published to smem (`ep`, 2 * BN floats) by conv_finish with the time bias (convs), which is
-// loaded only then: the seed model's GEMM convs have none (the blocks' time bias is the depthwise
+// published to smem (`ep`, 2 * BN floats: the bias plus the time bias, then psi or the output scale)
+// by conv_finish with the time bias and the output scale (convs), which are loaded only then: the seed model's GEMM convs have none (the blocks' time bias is the depthwise
 // conv's), and a register held across the k loop for it made ptxas spill at the 128-register cap
 //. The epilogue then waits on no global load but the residual's.
 // ON for the tensor-core kernels up to BN 128; off (loads in the epilogue) for the 256-wide gate,
@@ -193,15 +193,20 @@ template <int BN, int NT, bool GATE, bool ENABLE> struct EpiloguePrefetch {
         }
     }
     __device__ __forceinline__ void publish(float *ep, const float *tbias, int tb_stride, const int *t_idx, int b,
-                                            int n0, int N, const float *fcol) const {
+                                            int n0, int N, const float *fcol, const float *oscale) const {
         const int row = (!GATE && tbias) ? t_idx[b] * tb_stride : 0;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int c = threadIdx.x + r * NT, n = n0 + c;
             if (c < BN) {
-                ep[c] = fcol ? bias[r] + fcol[c] : bias[r];   // fcol: the folded GroupNorm's column term
-                if constexpr (GATE) ep[BN + c] = psi[r];
-                else ep[BN + c] = (tbias && n < N) ? tbias[row + n] : 0.0f;
+                float add = fcol ? bias[r] + fcol[c] : bias[r];   // fcol: the folded GroupNorm's column term
+                if constexpr (GATE) {
+                    ep[BN + c] = psi[r];
+                } else {
+                    if (tbias && n < N) add += tbias[row + n];
+                    if (oscale) ep[BN + c] = oscale[n];           // padded to Npad
+                }
+                ep[c] = add;
             }
         }
     }
@@ -431,13 +436,14 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         if (tid == 0) counters[tile] = 0;
     }
 
-    // bias, then time bias (conv) or psi (gate) of the tile's columns: from smem where the prefetch
-    // ran, else from global memory
+    // bias (plus the time bias where the prefetch ran), then psi (gate) or the output scale (conv)
+    // of the tile's columns: from smem where the prefetch ran, else from global memory
     constexpr bool ON = EpiloguePrefetch<BN, NT, (GATE != 0), EP>::ON;
-    __shared__ float ep[ON ? 2 * BN : 1];
+    __shared__ __align__(8) float ep[ON ? 2 * BN : 1];   // 8: the scale pairs are float2 loads
     const float *ebias = ep, *esecond = ep + BN;
+    const float *const escale = ON ? esecond : oscale + n0;   // read only with oscale
     if constexpr (ON) {
-        pre.publish(ep, tbias, tb_stride, t_idx, b, n0, N, fcol);
+        pre.publish(ep, tbias, tb_stride, t_idx, b, n0, N, fcol, oscale);
         __syncthreads();
     } else {
         ebias = bias + n0;
@@ -541,10 +547,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             int ri, r, c;
             float *v = pair_at(p, ri, r, c);
             float v0 = v[0] + ebias[c], v1 = v[1] + ebias[c + 1];   // bias is padded to Npad
-            if constexpr (ON) {
-                v0 += esecond[c];                                    // time bias: 0 past N and without one
-                v1 += esecond[c + 1];
-            } else if (tb) {
+            if (!ON && tb) {
                 const int m = m0 + r, n = n0 + c;
                 if (m < M && n < N) v0 += tb[n];
                 if (m < M && n + 1 < N) v1 += tb[n + 1];
@@ -587,8 +590,8 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             }
             S *const o = outt + (q * ldo + c);
             float s0 = v0, s1 = v1;   // as stored: times the next conv's gn_w with oscale (padded to Npad)
-            if (oscale) {   // c is even and oscale 8-byte aligned: one load for the pair
-                const float2 o2 = *reinterpret_cast<const float2 *>(oscale + n0 + c);
+            if (oscale) {   // c is even, smem and oscale 8-byte aligned: one load for the pair
+                const float2 o2 = *reinterpret_cast<const float2 *>(escale + c);
                 s0 *= o2.x;
                 s1 *= o2.y;
             }
@@ -646,7 +649,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                         v[0] = v0;
                         v[1] = v1;
                         if (oscale) {   // as store_pair stores them
-                            const float2 o2 = *reinterpret_cast<const float2 *>(oscale + n0 + c);
+                            const float2 o2 = *reinterpret_cast<const float2 *>(escale + c);
                             v0 *= o2.x;
                             v1 *= o2.y;
                         }

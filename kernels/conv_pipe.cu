@@ -30,7 +30,8 @@
 //   before the GroupNorm merge, hiding its latency chain behind theirs. (a) it is.
 //   Folded (FOLD, gn_fold: conv.cu conv_gn_prologue): the same pass touches only the thread's padded
 //   vectors, which it overwrites with the pad vector; its in-bounds vectors stay as loaded (the
-//   results then differ from conv_gemm's by the weights' rounding: W * gn_w is rounded, not W).
+//   results then differ from conv_gemm's by the roundings: gn_w * x is stored rounded, and the
+//   normalization is applied to the sum, not to each input).
 // Reference: runtime.reference.run_conv / run_gate (as conv.cu).
 
 // Per A row of the thread, computed once: the element offset of its tap (0, 0) from the sample's

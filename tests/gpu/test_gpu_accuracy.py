@@ -3,12 +3,10 @@ against NumPy's float64 images of the same seeds (tests/fixtures/fp64_ddpm_seeds
 `python -m tools.lab.fp16_emulation --seeds 0 1 2 3 4 5 6 7 --round --save FILE`: no rounding, the
 float64 reference; ~40 s an image on two cores, so stored rather than made here).
 
-The bounds guard what the fp16 path reaches today, not the 50 dB per seed it is meant to reach: H200,
-2026-11-28, the whole GPU [58.81, 44.53, 59.94, 58.45, 58.70, 55.43, 58.30, 58.92] dB (median 58.57),
-the 8-SM slice's tiles 43.57 for seed 1. Seed 1 is low because the folded GroupNorm's fp16 weights
-perturb the model the same way every step (docs/performance.md, accuracy); a last-bit change of an
-fp32 sum moves one image by a few dB either way (test_gpu_slice), hence 40 dB per image and a median
-of 55."""
+Bounds: 50 dB per image (the fp16 path's goal) and a median of 60. H200, 2026-11-28: the whole GPU
+[67.53, 65.84, 67.69, 67.32, 66.45, 66.10, 67.29, 68.16] dB, the 8-SM slice's tiles 64.07 at least;
+no pixel more than 1 away. A last-bit change of an fp32 sum moves one image by a few dB either way
+(test_gpu_slice), hence the margin."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,4 +29,4 @@ def test_fp16_ddpm_images_against_float64(backend):
     with Pipeline(path, backend="cupy", precision="fp16") as pipe:
         db = [psnr_u8(pipe.sample(batch=1, seed=int(s), sampler="ddpm")[0], want)
               for s, want in zip(ref["seeds"], ref["images"])]
-    assert min(db) >= 40.0 and float(np.median(db)) >= 55.0, db
+    assert min(db) >= 50.0 and float(np.median(db)) >= 60.0, db

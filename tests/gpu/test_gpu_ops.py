@@ -3,7 +3,9 @@
 Teacher forcing: the reference runs the whole U-Net in float64 on fresh random inputs; each GPU op
 then gets the reference's values of its inputs (rounded to the device dtype), its output is
 poisoned with NaN, it runs alone, and is compared with `run_op` on the same rounded inputs. A
-normalized conv first re-runs its producer, whose kernel writes the GroupNorm partials it reads.
+normalized conv first re-runs its producer, whose kernel writes the GroupNorm partials it reads. A
+tensor whose producer has an output scale (blob oscale: the reader folds its GroupNorm) is held
+times that scale, as the kernels hold it.
 With $JETSON_UNET_CONV_STAGES set, every case also runs with the cp.async conv (conftest.py).
 """
 from __future__ import annotations
@@ -50,11 +52,24 @@ def check_all_ops(ex: GpuExecutor, weights: W, seed: int) -> list:
     ex.set_timesteps(t)
     io = {plan.input, plan.output}
     writer = {op.out: op for op in plan.ops}
+    scale = {s.op.out: s.blobs["oscale"] for s in ex.specs if "oscale" in s.blobs}
+
+    def held(n, v):   # tensor n as the kernels hold it
+        s = scale.get(n)
+        return v if s is None else v * s[:v.shape[1]].astype(np.float64).reshape(1, -1, 1, 1)
+
+    def seen(n, v):   # the input values a reader of the held, rounded tensor n works with
+        s = scale.get(n)
+        r = rounded(held(n, v), ex.precision, n in io)
+        if s is None:
+            return r
+        s = s[:v.shape[1]].astype(np.float64).reshape(1, -1, 1, 1)
+        return np.divide(r, s, out=v.copy(), where=s != 0)
 
     def upload_reads(op):
         for n in op.reads():
             if plan.tensors[n].size:
-                ex.upload_tensor(n, env[n])
+                ex.upload_tensor(n, held(n, env[n]))
 
     errors = []
     for op in plan.ops:
@@ -70,8 +85,8 @@ def check_all_ops(ex: GpuExecutor, weights: W, seed: int) -> list:
         local = dict(env)
         for n in op.reads():
             if plan.tensors[n].size:
-                local[n] = rounded(env[n], ex.precision, n in io)
-        want = run_op(op, local, ref.params, plan)
+                local[n] = seen(n, env[n])
+        want = held(op.out, run_op(op, local, ref.params, plan))
         finite = bool(np.isfinite(got).all())
         l2 = float(np.linalg.norm(got - want) / np.linalg.norm(want)) if finite else float("inf")
         mx = float(np.abs(got - want).max() / np.abs(want).max()) if finite else float("inf")

@@ -9,11 +9,11 @@ sampled image per seed, its uint8 PSNR against the float64 image of the same see
     python -m tools.lab.fp16_emulation --seeds 1 5 --ref fp64.npz       # float64 images made before
 
 Roundings (--round): `outputs`, every op's output stored in fp16 (not eps, which stays fp32); `input`,
-the sampler's image rounded to fp16 where `init_conv` reads it on tensor cores; `fold`, the folded
-GroupNorm's weights `W * gn_w` rounded once to fp16 (kernels/conv.cu, the 16-bit convs with a
+the sampler's image rounded to fp16 where `init_conv` reads it on tensor cores; `fold`, the fold as
+first built: the folded GroupNorm's weights `W * gn_w` rounded once to fp16 (the 16-bit convs with a
 GroupNorm on their input); `subpixel`, an up2 conv's four sub-pixel weight matrices summed from its
 3x3 taps and rounded (ops.conv.subpixel_weights); `prodscale`, a normalized conv's input stored as
-fp16(gn_w * x) and divided back, the design that folds the GroupNorm without rounding its weights.
+fp16(gn_w * x) and divided back, as the GPU's fold now does (kernels/conv.cu conv_gn_prologue).
 `--ref` reads {seeds, images} (uint8, as `--save` writes them) instead of sampling in float64 again:
 a 100-step image takes ~40 s on two cores either way. Findings: docs/performance.md, accuracy.
 """
