@@ -54,17 +54,16 @@ def check_all_ops(ex: GpuExecutor, weights: W, seed: int) -> list:
     writer = {op.out: op for op in plan.ops}
     scale = {s.op.out: s.blobs["oscale"] for s in ex.specs if "oscale" in s.blobs}
 
-    def held(n, v):   # tensor n as the kernels hold it
+    def factor(n, v):   # tensor n's output scale as an NCHW factor, or 1
         s = scale.get(n)
-        return v if s is None else v * s[:v.shape[1]].astype(np.float64).reshape(1, -1, 1, 1)
+        return 1.0 if s is None else s[:v.shape[1]].astype(np.float64).reshape(1, -1, 1, 1)
+
+    def held(n, v):   # tensor n as the kernels hold it
+        return v * factor(n, v)
 
     def seen(n, v):   # the input values a reader of the held, rounded tensor n works with
-        s = scale.get(n)
-        r = rounded(held(n, v), ex.precision, n in io)
-        if s is None:
-            return r
-        s = s[:v.shape[1]].astype(np.float64).reshape(1, -1, 1, 1)
-        return np.divide(r, s, out=v.copy(), where=s != 0)
+        f = np.broadcast_to(factor(n, v), v.shape)
+        return np.divide(rounded(held(n, v), ex.precision, n in io), f, out=v.copy(), where=f != 0)
 
     def upload_reads(op):
         for n in op.reads():

@@ -29,14 +29,15 @@ def test_probe_kernel_stays_on_the_slice(backend, sliced):
 
 def test_slice_image_matches_the_whole_gpu(weights, sliced):
     """fp16 images of one seed sampled on the slice and on the whole GPU: the seed's four images within
-    the fp16 gate of the float64 reference (50 dB over the seed), each image at least 45 dB (well under
-    the 64 dB low end of 100-step fp16 images over seeds 0-7, docs/performance.md: these 10-step
-    images are not measured there), and the two runs close on average. Not 50 dB per image, nor a per-pixel bound between the runs: over the steps a last-bit
-    difference of the fp32 sums can move a few pixels far. H100, 2026-11-27: a GELU within 1.3e-6 of
-    the old one moved one image from 59.2 to 50.5 dB and left the other three within 0.4 dB; H200,
-    2026-11-28: gate.cu's psi dot, summed in another order than the GEMM gate's, moved the third
-    image from 59.6 to 49.4 dB and the second from 52.8 to 54.6 (4367 of 49152 pixel values differ,
-    by up to 18 levels; the seed 55.8 -> 53.1 dB)."""
+    the fp16 gate of the float64 reference (50 dB over the seed), each image at least 45 dB (well
+    under the 64 dB low end of 100-step fp16 images over seeds 0-7, docs/performance.md: these
+    10-step images are not measured there), and the two runs close on average. Not 50 dB per image,
+    nor a per-pixel bound between the runs: over the steps a last-bit difference of the fp32 sums
+    can move a few pixels far. H100, 2026-11-27: a GELU within 1.3e-6 of the old one moved one image
+    from 59.2 to 50.5 dB and left the other three within 0.4 dB; H200, 2026-11-28: gate.cu's psi
+    dot, summed in another order than the GEMM gate's, moved the third image from 59.6 to 49.4 dB and
+    the second from 52.8 to 54.6 (4367 of 49152 pixel values differ, by up to 18 levels; the seed
+    55.8 -> 53.1 dB)."""
     from jetson_unet.pipeline import Pipeline
     from tools.precision_psnr import psnr_u8
     with Pipeline(weights, backend="numpy", precision="fp64") as pipe:
