@@ -167,6 +167,27 @@ __device__ __forceinline__ void scale_acc(float (&acc)[A0][A1][A2], float s) {
             for (int q = 0; q < A2; ++q) acc[i][j][q] *= s;
 }
 
+// The GELU of a thread's N accumulators (flat, in registers) in a loop that is not unrolled: G of
+// them per trip, then the array rotates by G, so after N / G trips every value has had its GELU and
+// sits where it was. The straight-line form (erff inlined once per accumulator: 32-64 copies of ~29
+// instructions, half of a conv1 kernel's code) is fetched from L2 by every SM at every launch of
+// the kernel; this one's ~16 copies stay in the instruction cache (docs/kernels.md, "Code size").
+// The rotation costs N moves a trip.
+template <int N> __device__ __forceinline__ void gelu_rolled(float *flat) {
+    constexpr int G = N < 16 ? N : 16;
+    static_assert(N % G == 0, "whole trips");
+#pragma unroll 1
+    for (int it = 0; it < N / G; ++it) {
+        float x[G];
+#pragma unroll
+        for (int j = 0; j < G; ++j) x[j] = gelu_f(flat[j]);
+#pragma unroll
+        for (int j = 0; j < N - G; ++j) flat[j] = flat[j + G];
+#pragma unroll
+        for (int j = 0; j < G; ++j) flat[N - G + j] = x[j];
+    }
+}
+
 // Whether k-tile kt, the i-th of the CTA's ntiles, is its last of segment 0 (from values the k loop
 // holds anyway: no register of its own).
 __device__ __forceinline__ bool last_seg0_tile(int kt, int i, int ntiles, int nk0) {
@@ -542,8 +563,8 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
     } else {
         float lsum = 0.0f;
         const float *tb = (!ON && tbias) ? tbias + t_idx[b] * tb_stride : nullptr;   // one load, not per pair
-        // bias and time bias of pair p (in place), and the GELU where `gelu`
-        auto prep_pair = [&](int p, const bool gelu) {
+        // bias and time bias of pair p (in place)
+        auto bias_pair = [&](int p) {
             int ri, r, c;
             float *v = pair_at(p, ri, r, c);
             float v0 = v[0] + ebias[c], v1 = v[1] + ebias[c + 1];   // bias is padded to Npad
@@ -552,9 +573,15 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                 if (m < M && n < N) v0 += tb[n];
                 if (m < M && n + 1 < N) v1 += tb[n + 1];
             }
-            if (gelu) { v0 = gelu_f(v0); v1 = gelu_f(v1); }
             v[0] = v0;
             v[1] = v1;
+        };
+        // every pair's bias, then the GELU where `gelu` (decided once: the generic split-K kernel's
+        // `act` is a runtime value)
+        auto prep = [&](const bool gelu) {
+#pragma unroll
+            for (int p = 0; p < NPAIR; ++p) bias_pair(p);
+            if (gelu) gelu_rolled<A0 * A1 * A2>(&acc[0][0][0]);
         };
         // Addresses from the tile's (0, 0) by 32-bit offsets r * ld + c (a sample's view stays under
         // 2^31 elements, as the loaders assume): per pair a constant past its row's offset. The
@@ -576,7 +603,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                 return (2 * iy + (sub_cls >> 1)) * Wout + 2 * (mi - iy * Win) + (sub_cls & 1);
             }
         };
-        // the residual, store and sum of pair p (after prep_pair), each element tested against M and N
+        // the residual, store and sum of pair p (after prep), each element tested against M and N
         auto store_pair = [&](int p) {
             int ri, r, c;
             float *v = pair_at(p, ri, r, c);
@@ -606,9 +633,11 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
             v[0] = v0;
             v[1] = v1;
         };
-        // The stores. A whole tile of 16-bit outputs whose warp tile spans a multiple of 16 columns
-        // (QW), in an instantiation that knows its activation (ACT 0 or 1), takes one pass per pair
-        // for the bias, GELU, residual and sum (the same values in the same order), and each quad of
+        // First every pair's bias, then the GELU of all of them (prep: decided once, not by an `act`
+        // test per pair, since the generic split-K kernel's `act` is a runtime value; gelu_rolled).
+        // Then the stores. A whole tile of 16-bit outputs whose warp tile spans a multiple of 16
+        // columns (QW), in an instantiation that knows its activation (ACT 0 or 1), takes one pass per
+        // pair for the residual and sum (the same values in the same order), and each quad of
         // lanes then transposes its row's words (lane_transpose: 4 x 4 where the warp tile spans a
         // multiple of 32 columns, else 2 x 2 between lane pairs) so that a lane holds 8 (4)
         // consecutive channels and stores them with one 16-byte (8-byte) store (VEC 8: the output
@@ -617,12 +646,9 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
         // per thread at the end of the epilogue, which cost the 64x64 level's row-tile conv1 4.5 us
         // at batch 64 (H200) though the loop had half the instructions; with the 16-byte stores the
         // same op went from 93.4 to 84.4 us (docs/kernels.md).
-        // Every other tile: two passes, the first over all pairs with the GELU decided once (a
-        // lambda with a constant `gelu`, which the generic split-K kernel needs: its `act` is a
-        // runtime value), not by an `act` test per pair (a branch per pair, erff being too long to
-        // predicate, that ptxas does not schedule across); then the residual, stores and sum, with
-        // the bounds tests even where the tile is whole (their branches space the 4-byte stores:
-        // folded away, the row tiles of 16-channel warp tiles lost 3-4 us at batch 4 and 64).
+        // Every other tile: the residual, stores and sum pair by pair, with the bounds tests even
+        // where the tile is whole (their branches space the 4-byte stores: folded away, the row
+        // tiles of 16-channel warp tiles lost 3-4 us at batch 4 and 64).
         constexpr int QW = NF % 4 == 0 ? 4 : NF % 2 == 0 ? 2 : 0;   // words per lane transpose
         constexpr bool Q16 = TC && ACT >= 0 && WHOLE > 0 && sizeof(S) == 2 && VEC == 8 && QW > 0;
         const bool whole = WHOLE == 2 || (Q16 && m0 + BM <= M && n0 + BN <= N);
@@ -638,8 +664,7 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                         const int p = (mf * NF + nf) * 2 + h;
                         int ri, r, c;
                         float *v = pair_at(p, ri, r, c);
-                        prep_pair(p, ACT == 1);
-                        float v0 = v[0], v1 = v[1];
+                        float v0 = v[0], v1 = v[1];   // after prep
                         if (rest) {
                             const int q = pix(r);
                             v0 += D::to_f(rest[q * ldres + c]);
@@ -672,14 +697,10 @@ __device__ __forceinline__ void conv_finish(float (&acc)[A0][A1][A2], int mtiles
                 }
             }
         };
+        if (ACT == 1 || (ACT < 0 && act == 1)) prep(true); else prep(false);
         if (Q16 && whole) {
             pass16();
         } else {
-            auto prep = [&](const bool gelu) {
-#pragma unroll
-                for (int p = 0; p < NPAIR; ++p) prep_pair(p, gelu);
-            };
-            if (ACT == 1 || (ACT < 0 && act == 1)) prep(true); else prep(false);
 #pragma unroll
             for (int p = 0; p < NPAIR; ++p) store_pair(p);   // tested even in a whole tile: see above
         }

@@ -1,5 +1,5 @@
 """ptxas's report (`nvcc -cubin -arch=sm_87 -Xptxas -v`) of the conv kernels the sm_87 checks hold to
-their register, spill and smem budgets, each kernel compiled once per test session.
+their register, spill, smem and code-size budgets, each kernel compiled once per test session.
 
 Why shared: seven tests check overlapping sets of kernels of the default config (fp16, Orin's 8 SMs,
 batch 1 and 16): the built-in tiles' cp.async convs and the deep-ring candidates
@@ -15,6 +15,7 @@ import functools
 import itertools
 import os
 import re
+import struct
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -115,9 +116,21 @@ def ptxas_report(text: str) -> dict:
     return out
 
 
+def code_bytes(cubin: bytes) -> Dict[str, int]:
+    """{kernel: bytes of its machine code}: the sizes of a cubin's `.text.<kernel>` sections (ELF64)."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = heads[shstrndx][4]   # the section-name string table's file offset
+
+    def name(at: int) -> str:
+        return cubin[names + at:cubin.index(b"\0", names + at)].decode()
+    return {name(h[0])[6:]: h[5] for h in heads if name(h[0]).startswith(".text.")}
+
+
 def compile_sm87(nvcc: str, keys: Sequence[Any], stem: Path) -> dict:
     """The module of `keys` compiled by nvcc for sm_87 with the runtime's include options: ptxas's
-    report per kernel."""
+    report per kernel, with its code's bytes ("text")."""
     opts = [o for o in nvrtc_options(87) if o.startswith(("-std", "-I"))]
     src = stem.with_suffix(".cu")
     src.write_text(module_source(keys))
@@ -125,7 +138,10 @@ def compile_sm87(nvcc: str, keys: Sequence[Any], stem: Path) -> dict:
                            str(stem.with_suffix(".cubin"))], stdin=subprocess.DEVNULL, capture_output=True, text=True)
     text = done.stdout + done.stderr
     assert done.returncode == 0, f"nvcc exited {done.returncode}: {text[-4000:]}"
-    return ptxas_report(text)
+    rep = ptxas_report(text)
+    for sym, size in code_bytes(stem.with_suffix(".cubin").read_bytes()).items():
+        rep[sym]["text"] = size
+    return rep
 
 
 def sm87_ptxas(nvcc: str, keys: Iterable[Any], folder: Path) -> dict:
@@ -145,7 +161,7 @@ class Ptxas:
         self.count = itertools.count()
 
     def report(self, keys: Iterable[Any]) -> dict:
-        """{symbol: {regs, smem, stack, spill}} of `keys`."""
+        """{symbol: {regs, smem, stack, spill, text}} of `keys`."""
         keys = list(dict.fromkeys(keys))
         new = [k for k in keys if k not in self.seen]
         if new:

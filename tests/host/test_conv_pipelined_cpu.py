@@ -188,6 +188,24 @@ DEEP_SPILL_MAX = 72
 ROWS_SPILL_MAX = 96
 
 
+# The machine code of a GEMM conv with a GELU (nvcc 13, sm_87). A kernel whose code is not in the
+# SM's instruction cache fetches it from L2 as it runs, at every launch after other large kernels
+# (docs/kernels.md, "Code size"); with erff inlined once per accumulator these kernels were up to 96 KB
+# (half of it the GELU), with the rolled GELU (conv.cu gelu_rolled) 42-59 KB.
+GELU_CONV_CODE_MAX = 72 * 1024
+
+
+@pytest.mark.slow
+def test_gelu_convs_code_stays_small(ptxas87):
+    """The built-in tiles' convs that take a GELU (feature g, and the generic split-K kernels, which
+    may) hold their code under GELU_CONV_CODE_MAX: the GELU is not inlined per accumulator."""
+    keys = [k for k in sm87.keys("built-in") if "g" in k.feat and not k.gate]
+    assert len(keys) >= 4 and any(k.rows for k in keys)
+    rep = ptxas87.report(keys)
+    for k in keys:
+        assert rep[k.symbol]["text"] <= GELU_CONV_CODE_MAX, (k.symbol, rep[k.symbol])
+
+
 def test_kernel_and_host_agree_on_where_a_ring_is_deep():
     """kernels/conv_pipe.cu moves a ring past DEEP_RING bytes into dynamic smem; the host sizes the
     launch's dynamic smem by deep_ring, whose limit is PIPE_RING_LIMIT: one number, twice."""

@@ -9,8 +9,9 @@ The kernels of `--replays` replays come from the CUDA profiling interface throug
 (the only use of torch here: the `train` extra), which records a graph's kernels one by one; the
 graph is replayed `--warm` times first. A kernel's in-graph figure is its median duration over the
 replays and its gap the idle time before it; "alone" is `per_op_times` (a graph of 20 launches of
-that kernel). The two differ by the cache state a kernel finds (its weights are cold in the call,
-hot alone) and by what the one before leaves behind. In another tree: run it from a
+that kernel). The two differ by the cache state a kernel finds (its code and weights are cold in
+the call, hot alone: a large kernel's code is the larger part, docs/kernels.md "Code size") and by
+what the one before leaves behind. In another tree: run it from a
 `tools.lab.knockout --keep` copy with that copy on PYTHONPATH.
 """
 from __future__ import annotations
