@@ -54,7 +54,7 @@ Patch = Tuple[str, str, str]   # (file in kernels/, text found exactly once, its
 
 KNOCKOUTS: Dict[str, Tuple[str, List[Patch]]] = {
     "gelu": ("the GEMM convs' GELU", [
-        ("conv.cu", "if (gelu) { v0 = gelu_f(v0); v1 = gelu_f(v1); }", "")]),
+        ("conv.cu", "if (gelu) gelu_rolled<A0 * A1 * A2>(&acc[0][0][0]);", "")]),
     # the GELU replaced by something of one of its costs, to tell which of them the "gelu" row is
     "gelu-mufu": ("the GELU's arithmetic, its one MUFU op (ex2) kept", [
         ("common.cuh", "return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));", "return exp2f(v);")]),
