@@ -140,7 +140,8 @@ def compile_sm87(nvcc: str, keys: Sequence[Any], stem: Path) -> dict:
     assert done.returncode == 0, f"nvcc exited {done.returncode}: {text[-4000:]}"
     rep = ptxas_report(text)
     for sym, size in code_bytes(stem.with_suffix(".cubin").read_bytes()).items():
-        rep[sym]["text"] = size
+        if sym in rep:   # entry functions (a non-inlined device function has a section too)
+            rep[sym]["text"] = size
     return rep
 
 
