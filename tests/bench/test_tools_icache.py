@@ -33,3 +33,24 @@ def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     assert icache.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("icache: ")
+
+
+def test_measure_captures_each_row_in_order(monkeypatch):
+    """The GPU path on the fake backend: each row a graph of ROUNDS rounds of its kernels in order,
+    timed through bench.timing.timed (here: per launch, A 5 us, B 5.5, the flush 40)."""
+    import jetson_unet.backends as backends
+    import jetson_unet.bench.timing as timing
+    from tests.helpers.fakes import FakeBackend
+    be = FakeBackend(sms=8)
+    monkeypatch.setattr(backends, "get_backend", lambda name, sms=None: be)
+    cost = {"icache_a": 5.0, "icache_b": 5.5, "flush_read": 40.0}
+
+    def timed(backend, stream, fn, warmup, iters, repeats):
+        before = len(backend.launches)
+        fn()
+        return sum(cost[e[0]] for e in backend.launches[before:]) / 1000.0
+    monkeypatch.setattr(timing, "timed", timed)
+    rows = icache.measure([2], None, 1, 1)
+    assert rows == [{"kb": 2, "hot_us": 5.0, "after_kernel_us": 0.0, "after_flush_us": 0.0}]
+    assert [e[0] for e in be.graphs[4].entries] == ["icache_a", "icache_b", "flush_read"] * icache.ROUNDS
+    assert be.graphs[0].entries[0][1] == (8,)   # one CTA per SM
