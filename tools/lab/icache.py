@@ -16,10 +16,15 @@ penalties are per launch of A or B:
     hot           [A] x 10: A's code stays in the SMs' caches
     after a kernel  ([A, B] x 10 - [A] x 10 - [B] x 10) / 2: each evicts the other's code from the SMs,
                     which fetch it again from L2
-    after L2 flush  ([A, B, F] x 10 - [A] x 10 - [B] x 10 - [F] x 10) / 2: the code comes from memory
+    after L2 flush  ([A, B, F] x 10 - [A] x 10 - [B] x 10 - [F] x 10) / 2: the code comes from memory,
+                    unless both kernels fit the SM's own caches (then this is no more than the row above)
+    from memory     ([K1 .. Kn, F] x 10 - their n hot times - [F] x 10) / n: a cycle of n distinct kernels of the
+                    size (A, B and more), n = max(2, ceil(EVICT_KB / S)), so that no SM cache holds a
+                    kernel's code when its turn comes again, and the flush: every launch fetches its
+                    code from memory, as each of a U-Net call's ~30 kernels does once per call on a
+                    Jetson, whose L2 of a few MB the call's weights pass through
 
-On a Jetson the last row is the one the U-Net's launches meet: the call's weights pass through an L2
-of a few MB. Needs the cupy backend (graphs).
+Needs the cupy backend (graphs).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
@@ -36,6 +41,13 @@ from jetson_unet.errors import UsageError
 FFMA_BYTES = 16   # one SASS instruction
 THREADS = 128
 ROUNDS = 10
+EVICT_KB = 256    # code in a cycle that no SM's instruction caches hold (an H100 / H200 SM: 48 KB fit
+                  # with another 48 KB kernel beside them, 96 KB do not)
+
+
+def cycle_length(kb: int) -> int:
+    """How many distinct kernels of kb KB the "from memory" row cycles through."""
+    return max(2, -(-EVICT_KB // kb))
 
 
 def straight_line_source(name: str, kb: int, seed: int) -> str:
@@ -61,13 +73,16 @@ extern "C" __global__ void flush_read(const float4 *p, unsigned long long n, flo
 '''
 
 
-def penalties(us: Dict[str, float]) -> Dict[str, float]:
+def penalties(us: Dict[str, float], n: int) -> Dict[str, float]:
     """Per-launch figures (us) from the rows' times per round: hot A, and what a launch of A or B
-    pays after the other kernel, and after the other kernel and the flush."""
+    pays after the other kernel, after the other kernel and the flush, and in the cycle of n kernels
+    and the flush (row "C"; its kernels beyond A and B counted at A's and B's mean hot time)."""
     a, b, f = us["A"], us["B"], us["F"]
     return {"hot_us": a,
             "after_kernel_us": (us["AB"] - a - b) / 2.0,
-            "after_flush_us": (us["ABF"] - a - b - f) / 2.0}
+            "after_flush_us": (us["ABF"] - a - b - f) / 2.0,
+            "from_memory_us": (us["C"] - a - b - (n - 2) * (a + b) / 2.0 - f) / n,
+            "cycle": n}
 
 
 def check(args: argparse.Namespace) -> List[int]:
@@ -83,9 +98,19 @@ def check(args: argparse.Namespace) -> List[int]:
     return sizes
 
 
+def round_us(be, s, seq: Sequence[Callable[[], None]], repeats: int) -> float:
+    """us per round of a CUDA graph of ROUNDS rounds of the launches `seq` on stream s."""
+    from jetson_unet.bench.timing import timed
+    be.capture_begin(s)
+    for _ in range(ROUNDS):
+        for step in seq:
+            step()
+    g = be.capture_end(s)
+    return 1000.0 * timed(be, s, lambda: g.launch(s), 3, 10, repeats) / ROUNDS
+
+
 def measure(sizes: Sequence[int], sms, flush_mb: int, repeats: int) -> List[Dict[str, float]]:
     from jetson_unet.backends import get_backend
-    from jetson_unet.bench.timing import timed
     be = get_backend("cupy", sms)
     s = be.stream()
     nsm = sms or be.sm_count()
@@ -95,22 +120,17 @@ def measure(sizes: Sequence[int], sms, flush_mb: int, repeats: int) -> List[Dict
     rows = []
     try:
         for kb in sizes:
-            src = straight_line_source("icache_a", kb, 1) + "\n" + straight_line_source("icache_b", kb, 2)
-            mod = be.compile_source(src, f"icache_{kb}.cu", ("-std=c++17",), ("icache_a", "icache_b"))
-            ka, kb_ = mod.get("icache_a"), mod.get("icache_b")
+            n = cycle_length(kb)
+            names = ["icache_a", "icache_b"] + [f"icache_c{i}" for i in range(2, n)]
+            src = "\n".join(straight_line_source(name, kb, i + 1) for i, name in enumerate(names))
+            mod = be.compile_source(src, f"icache_{kb}.cu", ("-std=c++17",), tuple(names))
             kargs = (np.uint64(out.ptr), np.float32(0.3))
-            steps = {"A": lambda: ka.launch((nsm,), (THREADS,), kargs, 0, s),
-                     "B": lambda: kb_.launch((nsm,), (THREADS,), kargs, 0, s),
-                     "F": lambda: flush.launch((4 * nsm,), (256,), fargs, 0, s)}
-            us = {}
-            for row in ("A", "B", "F", "AB", "ABF"):
-                be.capture_begin(s)
-                for _ in range(ROUNDS):
-                    for k in row:
-                        steps[k]()
-                g = be.capture_end(s)
-                us[row] = 1000.0 * timed(be, s, lambda: g.launch(s), 3, 10, repeats) / ROUNDS
-            rows.append({"kb": kb, **penalties(us)})
+            ks = [mod.get(name) for name in names]
+            launch = [lambda k=k: k.launch((nsm,), (THREADS,), kargs, 0, s) for k in ks]
+            steps = {"A": launch[0], "B": launch[1], "F": lambda: flush.launch((4 * nsm,), (256,), fargs, 0, s)}
+            seqs = {row: [steps[k] for k in row] for row in ("A", "B", "F", "AB", "ABF")}
+            seqs["C"] = launch + [steps["F"]]
+            rows.append({"kb": kb, **penalties({row: round_us(be, s, seq, repeats) for row, seq in seqs.items()}, n)})
     finally:
         for d in (out, sink, buf):
             d.free()
@@ -118,9 +138,11 @@ def measure(sizes: Sequence[int], sms, flush_mb: int, repeats: int) -> List[Dict
 
 
 def report(rows: List[Dict[str, float]]) -> List[str]:
-    lines = [f"{'code KB':>8s} {'hot us':>8s} {'after a kernel':>15s} {'after L2 flush':>15s}"]
+    lines = [f"{'code KB':>8s} {'hot us':>8s} {'after a kernel':>15s} {'after L2 flush':>15s} {'from memory':>12s} "
+             f"{'kernels':>8s}"]
     for r in rows:
-        lines.append(f"{r['kb']:8d} {r['hot_us']:8.2f} {r['after_kernel_us']:+15.2f} {r['after_flush_us']:+15.2f}")
+        lines.append(f"{r['kb']:8d} {r['hot_us']:8.2f} {r['after_kernel_us']:+15.2f} {r['after_flush_us']:+15.2f} "
+                     f"{r['from_memory_us']:+12.2f} {r['cycle']:8d}")
     return lines
 
 
