@@ -26,25 +26,28 @@ SASS = """
         /*00a0*/                   FADD R0, R0, R1 ;
         /*00b0*/               @P2 BRA `(.L_x_3) ;
         /*00c0*/                   EXIT ;
+.L_x_4:
+        /*00d0*/                   SHFL.BFLY PT, R3, R2, 0x1, 0x1f ;
+        /*00e0*/                   BRA `(.L_x_2) ;
 """
 
 
 def test_functions_split_the_text_by_kernel():
     fns = sass_loops.functions(SASS)
     assert sorted(fns) == ["k_conv", "k_other"]
-    assert sum(1 for x in fns["k_conv"] if "/*" in x) == 13 and fns["k_conv"][1] == ".L_x_1:"
+    assert sum(1 for x in fns["k_conv"] if "/*" in x) == 15 and fns["k_conv"][1] == ".L_x_1:"
 
 
 def test_mma_loops_are_the_loops_that_hold_an_hmma_outermost_first():
     loops = sass_loops.mma_loops(sass_loops.functions(SASS)["k_conv"])
     assert [(r["instructions"], r["hmma"], r["ldsm"], r["ldgsts"], r["bar"], r["local"]) for r in loops] == [
-        (9, 2, 1, 1, 1, 2), (4, 2, 1, 0, 0, 0)]   # the FADD loop holds no mma
+        (9, 2, 1, 1, 1, 2), (4, 2, 1, 0, 0, 0)]   # the FADD loop holds no mma; the stub after EXIT is none
 
 
 def test_report_rows_per_matching_kernel_and_their_lines():
     rows = sass_loops.report(sass_loops.functions(SASS), ["conv"])
     assert [(r["kernel"], r["loop"]) for r in rows] == [("k_conv", "whole"), ("k_conv", "loop 1"), ("k_conv", "loop 2")]
-    assert rows[0]["instructions"] == 13 and rows[0]["hmma"] == 2
+    assert rows[0]["instructions"] == 15 and rows[0]["hmma"] == 2
     lines = sass_loops.lines_of(rows)
     assert len(lines) == 4 and lines[2].split() == ["k_conv", "loop", "1", "9", "2", "1", "1", "1", "2"]
 

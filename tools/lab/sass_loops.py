@@ -61,10 +61,13 @@ def counts(lines: Sequence[str]) -> Dict[str, int]:
 
 
 def mma_loops(lines: Sequence[str]) -> List[Dict[str, int]]:
-    """Every loop (a backward branch to a label) that holds an HMMA, outermost first."""
+    """Every loop (a backward branch to a label) that holds an HMMA, outermost first. Branches after
+    the body's last plain EXIT are not loops: ptxas's fallbacks for divergent shuffles, which jump
+    back into the body."""
     labels = {m.group(1): i for i, line in enumerate(lines) for m in [LABEL.match(line)] if m}
+    body_end = max((i for i, line in enumerate(lines) if re.search(r"\*/\s+EXIT ;", line)), default=len(lines))
     loops = []
-    for end, line in enumerate(lines):
+    for end, line in enumerate(lines[:body_end]):
         m = BRANCH.search(line)
         if m and labels.get(m.group(1), end) < end:
             row = counts(lines[labels[m.group(1)]:end + 1])
