@@ -18,8 +18,8 @@ penalties are per launch of A or B:
                     which fetch it again from L2
     after L2 flush  ([A, B, F] x 10 - [A] x 10 - [B] x 10 - [F] x 10) / 2: the code comes from memory,
                     unless both kernels fit the SM's own caches (then this is no more than the row above)
-    from memory     ([K1 .. Kn, F] x 10 - their n hot times - [F] x 10) / n: a cycle of n distinct kernels of the
-                    size (A, B and more), n = max(2, ceil(EVICT_KB / S)), so that no SM cache holds a
+    from memory     ([K1 .. Kn, F] x 10 - their n hot times - [F] x 10) / n: a cycle of n distinct
+                    kernels of the size (A, B and more), n = max(2, ceil(EVICT_KB / S)), so that no SM cache holds a
                     kernel's code when its turn comes again, and the flush: every launch fetches its
                     code from memory, as each of a U-Net call's ~30 kernels does once per call on a
                     Jetson, whose L2 of a few MB the call's weights pass through
