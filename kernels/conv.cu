@@ -316,10 +316,12 @@ template <int BM, int BK, int VEC, int NT> struct ARows {
 // (layouts LA, LB; warp tile rows arow / brow), computed once per kernel so that the k loop does no
 // row or swizzle arithmetic: one offset per 16-deep k step for A and one for B; fragment j of a
 // step lies 16 * j rows further (a row stride of the layout: both layouts' swizzle repeats every 8
-// rows), a constant the ldmatrix instruction adds itself. Not pinned (common.cuh): pinning them
-// made ptxas keep more fragments live and spill at the 128-register cap (sm_87, sm_90).
+// rows), a constant the ldmatrix instruction adds itself.
 // KS > 1 (conv_pipe.cu's k slices): the warp of slice `slice` takes the k steps slice, slice + KS, ...
-template <class S, int BK, class LA, class LB, int KS = 1> struct FragOffsets {
+// PIN: each offset pinned (common.cuh pin), so that ptxas keeps it instead of rebuilding it from the
+// lane for every ldmatrix of every k-tile (the 64 x 64 x 64 cp.async tile: 852 -> 776 instructions a
+// three-k-tile trip of its loop, sm_87); not in the gates, where a 1 x 4-warp tile spilled for it.
+template <class S, int BK, class LA, class LB, int KS = 1, bool PIN = true> struct FragOffsets {
     static_assert((BK / 16) % KS == 0, "k steps per slice");
     static constexpr int Q = BK / 16 / KS;   // k steps of the warp per k-tile
     u32 a[Q], b[Q];
@@ -330,6 +332,10 @@ template <class S, int BK, class LA, class LB, int KS = 1> struct FragOffsets {
             const int k = (q * KS + slice) * 16;
             a[q] = LA::off(arow + (lane & 15), k + (lane >> 4) * 8) * sizeof(S);
             b[q] = LB::off(brow + (lane & 7) + ((lane >> 4) << 3), k + ((lane >> 3) & 1) * 8) * sizeof(S);
+            if constexpr (PIN) {
+                pin(a[q]);
+                pin(b[q]);
+            }
         }
     }
 };

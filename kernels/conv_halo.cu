@@ -306,17 +306,39 @@ __device__ __forceinline__ void conv_gemm_halo_rows(CONV_PARAMS) {
         hsrc[i] = in ? (Y * Win + X) * ldx + kv * VEC : 0;
         hdst[i] = v < HV ? rows_swz(hy * WP + hx, kv) : ~0u;
     }
+    // The thread's weight copies. Where NT is a multiple of 2 BN (a tap's weight rows fill whole copy
+    // rounds: every row tile but BN 128 over 4 warps), its row n and half kv are the same in every copy
+    // and the tap advances by TS = NT / (2 BN) a copy: one source pointer and one smem offset, stepped
+    // by constants, instead of each copy's tap, row and 64-bit address from the thread index in every
+    // chunk (about 12 instructions a copy, all between a chunk's barrier and its first mma).
+    constexpr bool WSTEP = NT % (2 * BN) == 0;
+    constexpr int TS = WSTEP ? NT / (2 * BN) : 1;
     auto issue = [&](int u, int st) {
         const saddr base = ring0 + st * STAGE;
         if (u < nc0) {
             const int c = u * BK;
+            // the chunk's base once (each copy rebuilt the sample's 64-bit base in a branch of its own);
+            // copy rounds that lie wholly in the halo need no test, so their copies share one block
+            const S *const xc = xs + c;
 #pragma unroll
             for (int i = 0; i < HPT; ++i)
-                if (hdst[i] != ~0u) cp_async16(base + hdst[i], xs + hsrc[i] + c, (hin >> i) & 1u);
+                if ((i + 1) * NT <= HV || hdst[i] != ~0u) cp_async16(base + hdst[i], xc + hsrc[i], (hin >> i) & 1u);
+            if constexpr (WSTEP) {
+                // the first copy's tap and the thread's row, from tid in each chunk (a dozen instructions:
+                // held across the loop they take registers the 128-register tiles lack); a 32-bit offset,
+                // one op's weights staying under 2^31 elements
+                const int wt0 = tid / (2 * BN), wrow = (tid >> 1) % BN;
+                const u32 wdst0 = HALO + wt0 * BN * 32 + rows_swz(wrow, kv);
+                const S *src = wt + ((n0 + wrow) * ldw + wt0 * Cin + c + kv * VEC);
 #pragma unroll
-            for (int i = 0; i < WPT; ++i) {
-                const int v = tid + i * NT, t = v / (2 * BN), n = (v >> 1) - t * BN;
-                if (v < WV) cp_async16(base + HALO + t * BN * 32 + rows_swz(n, kv), wt + (size_t)(n0 + n) * ldw + t * Cin + c + kv * VEC, true);
+                for (int i = 0; i < WPT; ++i, src += TS * Cin)
+                    if (wt0 + i * TS < 9) cp_async16(base + wdst0 + i * TS * BN * 32, src, true);
+            } else {
+#pragma unroll
+                for (int i = 0; i < WPT; ++i) {
+                    const int v = tid + i * NT, t = v / (2 * BN), n = (v >> 1) - t * BN;
+                    if (v < WV) cp_async16(base + HALO + t * BN * 32 + rows_swz(n, kv), wt + (size_t)(n0 + n) * ldw + t * Cin + c + kv * VEC, true);
+                }
             }
         } else {   // residual unit: the tile's pixels into the halo's interior, weights into the centre tap
             const int c = (u - nc0) * BK + kv * VEC;

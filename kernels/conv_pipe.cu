@@ -347,7 +347,7 @@ __device__ __forceinline__ void conv_gemm_pipe(CONV_PARAMS) {
     static_assert(WTM % 16 == 0 && WTN % 16 == 0 && NF % KS == 0, "warp tile");
     // warp -> (wm, wn, slice), ordered so that (wm, wn * KS + slice) is conv_finish's warp position
     const int wm = warp / (WN * KS), wr = warp % (WN * KS), wn = wr / KS, slice = wr % KS;
-    const FragOffsets<S, BK, L, L, KS> fo(wm * WTM, wn * WTN, lane, slice);
+    const FragOffsets<S, BK, L, L, KS, !GATE> fo(wm * WTM, wn * WTN, lane, slice);
     float acc[MF][NF][4];
     zero_acc(acc);
 
