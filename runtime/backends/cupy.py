@@ -123,7 +123,7 @@ class CupyBackend:
     # -- streams, events, graphs -----------------------------------------------------------
     def stream(self) -> Any:
         if self.slice is not None:
-            return self.cp.cuda.ExternalStream(self.slice.stream(), self.device.id)
+            return external_stream(self.cp, self.slice.stream(), self.device.id)
         return self.cp.cuda.Stream(non_blocking=True)
 
     def event(self, timing: bool = True) -> "CupyEvent":
@@ -186,3 +186,23 @@ class CupyEvent:
 
     def elapsed_ms(self, later: "CupyEvent") -> float:
         return float(self._cp.cuda.get_elapsed_time(self.raw, later.raw))
+
+
+class StreamHandle:
+    """A raw CUstream under the CUDA stream protocol (`__cuda_stream__`: version 0, the handle)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = int(handle)
+
+    def __cuda_stream__(self) -> Tuple[int, int]:
+        return (0, self.handle)
+
+
+def external_stream(cp: Any, handle: int, device_id: int) -> Any:
+    """A CuPy stream over a stream CuPy did not create (a green context's): `Stream.from_external`
+    where CuPy has it (14 deprecates `ExternalStream`), else `ExternalStream`. The caller keeps the
+    stream alive."""
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(StreamHandle(handle))
+    return cp.cuda.ExternalStream(handle, device_id)
