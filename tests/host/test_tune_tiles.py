@@ -174,6 +174,7 @@ def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, mo
 
     fake = TimedFake()   # one for both runs: its kernels are cached by backend name
     monkeypatch.setattr(tune, "time_rounds", fake_rounds)
+    monkeypatch.setattr(tune, "time_calls", calls_timed({"built-in": 2.0, "tuned": 1.0, "in use": 3.0}))
     monkeypatch.setattr(tune, "get_backend", lambda name, sms=None: fake)
     assert tune.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path)]) == 0
     tiles = load_tiles(tmp_path / "tiles-fake-8sm-fp16-b2.json", "fp16", 2, 8, weights.config)
@@ -199,6 +200,59 @@ def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, mo
                             str(tmp_path)]) == 0
     tiles = load_tiles(tmp_path / "tiles-fake-8sm-fp16-b2.json", "fp16", 2, 8, weights.config)
     assert not any((t.bm, t.bn) == (32, 32) for t in tiles.values())
+
+
+def calls_timed(ms):
+    """A stand-in for tune.time_calls: the whole call's ms per tile set as given, eps all ones."""
+    def fake(weights, precision, batch, backend, calls, *a, **k):
+        return {c: ms[c] for c in calls}, {c: np.ones(4, np.float32) for c in calls}
+    return fake
+
+
+def test_the_whole_call_decides_what_the_tuning_file_holds(weights, tmp_path, monkeypatch, capsys):
+    """Per-op picks can lose as a whole call (H200, batch 64: a re-tune whose 29 new tiles each timed
+    faster alone ran the call 0.3% slower than the shipped file): the tuner times the call with the
+    built-in tiles, the tuned ones and the tiles in use, and writes the fastest, or nothing."""
+    fake = TimedFake()
+    monkeypatch.setattr(tune, "get_backend", lambda name, sms=None: fake)
+    path = tmp_path / "tiles-fake-8sm-fp16-b2.json"
+    argv = ["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path), "--quiet"]
+    monkeypatch.setattr(tune, "time_calls", calls_timed({"built-in": 2.0, "tuned": 1.0}))
+    assert tune.main(argv) == 0                  # no file yet: the tuned tiles win and are written
+    first = path.read_text()
+    doc = json.loads(first)
+    assert doc["chosen"] == "tuned" and doc["graph_ms_tuned"] == 1.0 and "tiles_in_use" not in doc
+    monkeypatch.setattr(tune, "time_calls", calls_timed({"built-in": 2.0, "tuned": 1.1, "in use": 1.0}))
+    assert tune.main(argv) == 0                  # the file in use is faster: it stays, byte for byte
+    out = capsys.readouterr().out
+    assert path.read_text() == first and f"kept {path}" in out and "nothing written" in out
+    monkeypatch.setattr(tune, "time_calls", calls_timed({"built-in": 0.9, "tuned": 1.1, "in use": 1.0}))
+    assert tune.main(argv) == 0                  # the built-in tiles win: the file records them
+    doc = json.loads(path.read_text())
+    assert doc["chosen"] == "built-in" and doc["graph_ms_in_use"] == 1.0 and doc["tiles_in_use"] == str(path)
+    plan = build_plan(weights.config)
+    ctx = Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
+    tiles = load_tiles(path, "fp16", 2, 8, weights.config)
+    assert tiles == {op.out: candidates(op, ctx)[0] for op in plan.ops if tunable(op, ctx)}
+
+
+def test_whole_call_timings_alternate_fresh_executors(weights, monkeypatch):
+    """time_calls: each tile set in turn, a fresh executor each round, the median per set."""
+    fake, order = TimedFake(), []
+    times = iter([3.0, 1.0, 2.0, 9.0, 1.2, 2.0, 3.0, 0.8, 2.0])
+
+    def graph_ms(ex, backend, x, iters=100):
+        order.append(ex.tiles_from)
+        return next(times)
+    monkeypatch.setattr(tune, "graph_ms", graph_ms)
+    plan = build_plan(weights.config)
+    ctx = Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
+    builtin = {op.out: candidates(op, ctx)[0] for op in plan.ops if tunable(op, ctx)}
+    calls = {"built-in": "builtin", "tuned": builtin, "in use": dict(builtin)}
+    ms, eps = tune.time_calls(weights, "fp16", 2, fake, calls, [], 1, {}, rounds=3)
+    assert order == [None, "given", "given"] * 3
+    assert ms == {"built-in": 3.0, "tuned": 1.0, "in use": 2.0}
+    assert set(eps) == set(calls) and all(e.shape == (2, 3, 64, 64) for e in eps.values())
 
 
 def test_top_shapes_takes_the_fastest_variant_of_each_shape():
