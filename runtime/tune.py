@@ -36,7 +36,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -72,7 +72,8 @@ def graph_ms(ex: GpuExecutor, backend: Any, x: np.ndarray, iters: int = 100) -> 
 
 
 def time_calls(weights: Any, precision: str, batch: int, backend: Any, calls: Dict[str, Any], extra: Sequence[Any],
-               shards: int, memo: Dict[Any, Any], rounds: int = CALL_ROUNDS) -> tuple:
+               shards: int, memo: Dict[Any, Any],
+               rounds: int = CALL_ROUNDS) -> Tuple[Dict[str, float], Dict[str, np.ndarray]]:
     """({label: median ms per call}, {label: eps}) of each tile set (a KernelPolicy tiles value), the
     labels taking turns for `rounds` rounds, each round a fresh executor: per-op picks can lose as a
     whole call (code size, L2), and one timing of one executor carries a percent of noise."""
@@ -85,7 +86,8 @@ def time_calls(weights: Any, precision: str, batch: int, backend: Any, calls: Di
             with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles),
                              extra_keys=extra, shards=shards, memo=memo) as ex:
                 ms[label].append(graph_ms(ex, backend, x))
-                eps.setdefault(label, ex.eps(x, 50))
+                if label not in eps:
+                    eps[label] = ex.eps(x, 50)
     return {k: float(np.median(v)) for k, v in ms.items()}, eps
 
 
