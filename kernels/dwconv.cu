@@ -6,10 +6,11 @@
 //   folds its GroupNorm: kernels/conv.cu conv_gn_prologue) channel c is stored times oscale[c], that
 //   conv's gn_w; the statistics stay those of the unscaled values.
 // The input may be a view of a concat buffer (pixel stride ldx > C); the output has stride ldo.
-// Launch: grid (ceil(H/TH)*ceil(W/TW), ceil(C/32), B), block 256 (fixed): 32/CP lanes x CP channels
-//   x TH = 8*CP rows. CP = 1: each thread produces TW outputs of one row and one channel from a
-//   (TH+K-1) x (TW+K-1) x 32 halo tile in shared memory, kept in the activation dtype (lanes run over
-//   channels: coalesced loads, conflict-free smem reads). TW = 8, or 4 where the TW = 4 grid still
+// Launch: grid (ceil(H/TH)*ceil(W/TW), ceil(C/32), B), block 32/CP lanes x CP channels x TH rows
+//   (TH = 8 CP: 256 threads; or TH = 8 at CP = 2: 128, ops.dwconv_rows). CP = 1: each thread
+//   produces TW outputs of one row and one channel from a (TH+K-1) x (TW+K-1) x 32 halo tile in
+//   shared memory, kept in the activation dtype (lanes run over channels: coalesced loads,
+//   conflict-free smem reads). TW = 8, or 4 where the TW = 4 grid still
 //   has at most one CTA per SM (ops.dwconv_tw; most of batch 1 on the H100): a thread's chain of
 //   ~49 * TW FMAs is then half as long, at 1.4x the smem reads. CP = 2 (channel pairs; ops.dwconv_cp,
 //   where the one-channel grid has more CTAs than the GPU has SMs): 16 lanes x 2 channels x 16 rows,
@@ -17,6 +18,9 @@
 //   row it is read in), each smem read a float2 of tile or weights: about half the instructions per
 //   output (the loop ~1.2 instead of ~1.6 per FFMA, the halo index arithmetic spread over twice the
 //   outputs), at 46 KB of smem per CTA (4 per SM on the H100), with a chain twice as long per thread.
+//   8-row pair tiles (TH = 8, 128 threads) serve maps of 8 rows (the 8x8 level), where a 16-row
+//   tile would leave half its rows idle: with two channels a thread, a one-channel grid of 1.5
+//   waves runs in one.
 //   Weights fp32 [K*K][C], staged in smem too (in registers they took 49 per
 //   thread and capped occupancy at 2 CTAs per SM, which made the batch-16 launches ~8 waves of
 //   latency chains).
@@ -48,12 +52,13 @@ __device__ __forceinline__ void dw_partial(float4 *st_part, int b, float cnt, fl
 template <bool C, class A, class B> struct DwPick { typedef A T; };
 template <class A, class B> struct DwPick<false, A, B> { typedef B T; };
 
-template <class D, int K, int VEC, int TW, int CP>
+template <class D, int K, int VEC, int TW, int CP, int TH>
 __device__ __forceinline__ void dwconv(DW_PARAMS) {
     typedef typename D::S S;
     typedef typename DwPick<CP == 1, S, float>::T T;   // the halo tile's element
     static_assert(CP == 1 || (CP == 2 && VEC % 4 == 0), "channel pairs: 16-byte vectors, stored as float4");
-    constexpr int CC = 32, NT = 256, LR = CC / CP, TH = NT / LR, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
+    static_assert(TH == 8 * CP || (CP == 2 && TH == 8), "tile rows: 8 a channel per thread, 16 or 8 for pairs");
+    constexpr int CC = 32, LR = CC / CP, NT = LR * TH, HW = TW + K - 1, HH = TH + K - 1, P = K / 2;
     constexpr int NTILE = HH * HW * CC, CV = CC / VEC, NVEC = NTILE / VEC, WN = K * K * CC;
     static_assert(CC % VEC == 0, "channel vectors");
     __shared__ __align__(16) T tile[NTILE];
@@ -187,12 +192,18 @@ __device__ __forceinline__ void dwconv(DW_PARAMS) {
 }
 
 // CP = 1: no minimum CTAs per SM (0; ptxas takes 39-64 registers). CP = 2 with 16-bit 16-byte
-// vectors is held to 64 registers (4 CTAs per SM, as many as its smem allows on the H100; ptxas
-// alone takes 73-80); fp32 and 8-byte vectors to 85 (at 64 they spilled 16 bytes).
-#define DW_MIN_CTAS(D, VEC, CP) ((CP) == 1 ? 0 : sizeof(D::S) == 2 && (VEC) == 8 ? 4 : 3)
-#define DW_INSTANCE(name, D, K, VEC, TW, CP)                                                      \
-    extern "C" __global__ void __launch_bounds__(256, DW_MIN_CTAS(D, VEC, CP)) name(DW_PARAMS) { \
-        dwconv<D, K, VEC, TW, CP>(DW_ARGS);                                                       \
+// vectors is held to 64 registers (4 CTAs of 256 threads per SM, as many as its smem allows on the
+// H100; ptxas alone takes 73-80); fp32 and 8-byte vectors to 85 (at 64 they spilled 16 bytes). The
+// 8-row pair tiles (128 threads: twice the loads in flight per thread) to 85, 6 CTAs per SM, and
+// bf16 (its conversions) to 102 (at 64 the 16-bit ones spilled 72-154 bytes on sm_87, bf16 28 at 85).
+#define DW_NT(CP, TH) (32 / (CP) * (TH))
+template <class D> struct DwH8Ctas { static constexpr int v = 6; };
+template <> struct DwH8Ctas<BF16> { static constexpr int v = 5; };
+#define DW_MIN_CTAS(D, VEC, CP, TH) \
+    ((CP) == 1 ? 0 : (TH) == 8 ? DwH8Ctas<D>::v : sizeof(D::S) == 2 && (VEC) == 8 ? 4 : 3)
+#define DW_INSTANCE(name, D, K, VEC, TW, CP, TH)                                                  \
+    extern "C" __global__ void __launch_bounds__(DW_NT(CP, TH), DW_MIN_CTAS(D, VEC, CP, TH)) name(DW_PARAMS) { \
+        dwconv<D, K, VEC, TW, CP, TH>(DW_ARGS);                                                   \
     }
 
 // dwconv_tc's statistics over a thread's accumulators (channel q, column block cb, element e at

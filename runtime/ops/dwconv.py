@@ -33,13 +33,19 @@ def dwconv_tw(size: int, channels: int, batch: int, sms: int) -> int:
 
 
 def dwconv_cp(size: int, channels: int, batch: int, sms: int, vec: int) -> int:
-    """Channels per thread of the depthwise conv: 2 (16 rows x 8 per CTA, an fp32 halo tile, half
-    the instructions per output, half the CTAs) where the 1-channel grid has more CTAs than the GPU
-    has SMs and the image has the 16 rows; else 1, whose shorter per-thread chain wins when each SM
-    runs one CTA. Measured per op on the H100: 2 wins from ~1.5
-    CTAs per SM up (batch 16, 64x64, 64 channels: 29.0 -> 21.2 us), loses 3.3 -> 4.5 us at one or
-    fewer, and on 8x8 images (half of each 16-row tile idle). Needs vector loads (vec > 1)."""
-    return 2 if vec > 1 and size >= 2 * DW_TILE and dw_ctas(size, channels, batch) > sms else 1
+    """Channels per thread of the depthwise conv: 2 (an fp32 halo tile, half the instructions per
+    output, half the CTAs) where the 1-channel grid has more CTAs than the GPU has SMs; else 1,
+    whose shorter per-thread chain wins when each SM runs one CTA. Measured per op on the H100: 2
+    wins from ~1.5 CTAs per SM up (batch 16, 64x64, 64 channels: 29.0 -> 21.2 us), loses 3.3 -> 4.5
+    us at one or fewer. Needs vector loads (vec > 1)."""
+    return 2 if vec > 1 and dw_ctas(size, channels, batch) > sms else 1
+
+
+def dwconv_rows(size: int, cp: int) -> int:
+    """The FFMA depthwise tile's rows: 8 a channel per thread (256 threads); for channel pairs 16
+    (256 threads), or 8 (128 threads) on maps of fewer than 16 rows, where a 16-row tile would
+    leave half its rows idle (the 8x8 level)."""
+    return 8 if cp == 1 or size < 2 * DW_TILE else 2 * DW_TILE
 
 
 def dwconv_tc(precision: str, vec: int, size: int, k: int) -> bool:
@@ -79,7 +85,9 @@ def dwconv_key(op: Op, ctx: Ctx) -> SimpleKey:
     if dwconv_tc(ctx.precision, vec, size, op.k):
         return SimpleKey("dwconv_tc", ctx.precision, op.k, vec, DW_TC_TILE, dwconv_tc_cpw(size, c, batch, ctx.sms))
     cp = dwconv_cp(size, c, batch, ctx.sms, vec)
-    return SimpleKey("dwconv", ctx.precision, op.k, vec, dwconv_tw(size, c, batch, ctx.sms) if cp == 1 else 8, cp)
+    rows = dwconv_rows(size, cp)
+    return SimpleKey("dwconv", ctx.precision, op.k, vec, dwconv_tw(size, c, batch, ctx.sms) if cp == 1 else 8, cp,
+                     rows if rows != DW_TILE * cp else 0)
 
 
 def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
@@ -93,8 +101,9 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
     oscale = output_scale(op, ctx)   # the next conv folds its GroupNorm: store gn_w * out
     if oscale is not None:
         blobs["oscale"] = padded(oscale, c)
-    rows, cc = (DW_TC_TILE, 8 * key.cp) if tc else (DW_TILE * key.cp, DW_CC)
+    rows, cc = (DW_TC_TILE, 8 * key.cp) if tc else (key.th or DW_TILE * key.cp, DW_CC)
     grid = (cdiv(size, rows) * cdiv(size, key.tw), cdiv(c, cc), ctx.batch)
+    threads = DW_THREADS if tc else DW_CC // key.cp * rows
 
     def make_args(r: Resolver) -> Tuple[Any, ...]:
         x_ptr, ldx = r.tensor(op.x)
@@ -104,4 +113,4 @@ def dwconv_spec(op: Op, ctx: Ctx) -> OpSpec:
                 P(r.blob(op.out, "bias")), P(tb_ptr), I(tb_stride), r.t_idx if op.tbias else P(0),
                 P(out_ptr), I(ldo), P(r.stats_out(op.out)), P(r.blob(op.out, "oscale") if oscale is not None else 0))
 
-    return OpSpec(op, key, grid, (DW_THREADS, 1, 1), 0, blobs, make_args, grid[0] * grid[1])
+    return OpSpec(op, key, grid, (threads, 1, 1), 0, blobs, make_args, grid[0] * grid[1])

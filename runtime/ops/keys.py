@@ -94,11 +94,13 @@ class SimpleKey:
     tw: int = 8     # dwconv / init: the tile's width (ops.dwconv_tw, ops.init_tw); gate_rows: skip channels
     cp: int = 1     # dwconv: channels per thread (ops.dwconv_cp); dwconv_tc: per warp (ops.dwconv_tc_cpw);
                     # init_tc: output rows per warp (ops.io.init_tc_rows)
+    th: int = 0     # dwconv: the tile's rows where not 8 cp (ops.dwconv_rows: 8-row pair tiles)
 
     @property
     def symbol(self) -> str:
         dt, w = DTYPES[self.dtype][1], (f"_w{self.tw}" if self.tw != 8 else "")
-        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}" + (f"_p{self.cp}" if self.cp != 1 else ""),
+        return {"dwconv": f"dwconv{self.k}_{dt}_v{self.n}{w}" + (f"_p{self.cp}" if self.cp != 1 else "")
+                + (f"_h{self.th}" if self.th else ""),
                 "dwconv_tc": f"dwconv{self.k}_{dt}_tc{self.cp}",
                 "init": f"init_conv{self.k}_c{self.n}_{dt}{w}",
                 "init_tc": f"init_conv{self.k}_c{self.n}_{dt}_tc" + (f"_r{self.cp}" if self.cp != 1 else ""),
@@ -108,7 +110,7 @@ class SimpleKey:
     def instance(self) -> str:
         d = DTYPES[self.dtype][0]
         if self.kind == "dwconv":
-            return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw}, {self.cp})"
+            return f"DW_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw}, {self.cp}, {self.th or 8 * self.cp})"
         if self.kind == "dwconv_tc":
             return f"DW_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.cp})"
         if self.kind == "init":

@@ -4,7 +4,8 @@ in float64, and its GroupNorm partials against the same tiles summed in float64.
 scalar loads, fp16 / bf16 / fp32, views of a concat buffer on both sides (pixel stride > C, an
 offset channel window), a ragged last row and column tile, a ragged last channel tile, two
 samples with different timesteps; tiles 8 and 4 outputs wide (dwconv_tw); one and two channels
-per thread (dwconv_cp: 16-row tiles, an fp32 halo); the tensor-core kernel (dwconv_tc: 16 x 16
+per thread (dwconv_cp: 16-row tiles of 256 threads and 8-row ones of 128, an fp32 halo); the
+tensor-core kernel (dwconv_tc: 16 x 16
 tiles, ragged ones too, against weights rounded as it rounds them). Outputs are NaN-poisoned: every
 element the kernel owns must be written, and nothing outside its channel window may be."""
 from __future__ import annotations
@@ -42,6 +43,14 @@ CASES = [
     ("bf16-v8-pairs", "bf16", 8, 8, dict(h=16, w=16, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True, cp=2)),
     ("fp32-v4-pairs-two-channel-tiles", "fp32", 4, 8, dict(h=11, w=13, c=36, batch=1, ldx=40, x0=4, ldo=36, o0=0,
                                                            tbias=False, cp=2)),
+    # channel pairs in 8-row tiles (dwconv_rows: maps of < 16 rows): the 8x8 level, a ragged row and
+    # column tile, a partial channel tile, views
+    ("fp16-v8-pairs-h8", "fp16", 8, 8, dict(h=8, w=8, c=64, batch=2, ldx=64, x0=0, ldo=64, o0=0, tbias=True,
+                                            cp=2, th=8)),
+    ("bf16-v8-pairs-h8-views-ragged", "bf16", 8, 8, dict(h=11, w=10, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8,
+                                                         tbias=True, cp=2, th=8)),
+    ("fp32-v4-pairs-h8-partial-channel-tile", "fp32", 4, 8, dict(h=8, w=8, c=12, batch=1, ldx=12, x0=0, ldo=12, o0=0,
+                                                                  tbias=False, cp=2, th=8)),
     # dwconv_tc (tw 16; cp = channels per warp, 8 cp per CTA): 16 x 16 tiles; a ragged row and column
     # tile and a partial channel tile; views
     ("fp16-tc4-views-ragged", "fp16", 8, 16, dict(h=20, w=18, c=40, batch=2, ldx=56, x0=8, ldo=48, o0=8, tbias=True,
@@ -56,13 +65,14 @@ CASES = [
 K = 7
 
 
-def dw_key(dtype: str, vec: int, tw: int, cp: int = 1, tc: bool = False) -> SimpleKey:
-    return SimpleKey("dwconv_tc" if tc else "dwconv", dtype, K, vec, tw, cp)
+def dw_key(dtype: str, vec: int, tw: int, cp: int = 1, tc: bool = False, th: int = 0) -> SimpleKey:
+    return SimpleKey("dwconv_tc" if tc else "dwconv", dtype, K, vec, tw, cp, th)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    return kernel_lib("dwconv.cu", [dw_key(dt, v, tw, s.get("cp", 1), s.get("tc", False)) for _, dt, v, tw, s in CASES],
+    return kernel_lib("dwconv.cu", [dw_key(dt, v, tw, s.get("cp", 1), s.get("tc", False), s.get("th", 0))
+                                    for _, dt, v, tw, s in CASES],
                       "DW_PARAMS", "DW_ARGS",
                       tmp_path_factory.mktemp("emu-dw"))
 
@@ -94,7 +104,8 @@ def test_dwconv_matches_reference(lib, case, scaled):
     t_idx = np.array([3, 1][:b], dtype=np.int32)
     out = poison((b, h, w, s["ldo"]), dt)
     cp, tc = s.get("cp", 1), s.get("tc", False)
-    th, cc = (DW_TC_TILE, 8 * cp) if tc else (DW_TILE * cp, DW_CC)   # rows, channels per CTA
+    th, cc = (DW_TC_TILE, 8 * cp) if tc else (s.get("th") or DW_TILE * cp, DW_CC)   # rows, channels per CTA
+    threads = DW_THREADS if tc else DW_CC // cp * th
     tiles_x, tiles_y, ctiles = cdiv(w, tw), cdiv(h, th), cdiv(c, cc)
     st = np.full((b, ctiles * tiles_y * tiles_x, 4), np.nan, dtype=np.float32)
     wk = pack_dw_tc(wt, K, dt) if tc else np.ascontiguousarray(wt.reshape(c, K * K).T)
@@ -109,7 +120,8 @@ def test_dwconv_matches_reference(lib, case, scaled):
             c, ptr(t_idx) if s["tbias"] else ctypes.c_void_p(0), ptr(out, o0), s["ldo"], ptr(st),
             ptr(osc) if scaled else ctypes.c_void_p(0)]
     cargs = [a if kind == "p" else ctypes.c_int(a) for kind, a in zip(macro_params("dwconv.cu", "DW_PARAMS"), args)]
-    getattr(lib, "emu_" + dw_key(dt, vec, tw, cp, tc).symbol)(tiles_x * tiles_y, ctiles, b, DW_THREADS, *cargs)
+    getattr(lib, "emu_" + dw_key(dt, vec, tw, cp, tc, s.get("th", 0)).symbol)(tiles_x * tiles_y, ctiles, b, threads,
+                                                                             *cargs)
 
     x = as_float(xbuf[..., x0:x0 + c], dt).transpose(0, 3, 1, 2)
     # dwconv_tc rounds its weights to the activation dtype (as the GEMM convs): its reference does too

@@ -17,7 +17,7 @@ from jetson_unet.ops import dwconv as dwconv_module
 from jetson_unet.ops.common import SMEM_LIMIT, cdiv, from_device, k_residual, to_device
 from jetson_unet.ops.conv import fold_weights, pack_gemm
 from jetson_unet.ops.conv_halo import HALO_SMEM_LIMIT
-from jetson_unet.ops.dwconv import DW_TC_TILE, dwconv_cp, dwconv_tc_cpw, pack_dw_tc
+from jetson_unet.ops.dwconv import DW_TC_TILE, dwconv_cp, dwconv_rows, dwconv_tc_cpw, pack_dw_tc
 from jetson_unet.ops.specs import kernel_kind
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.model.plan import CAT, CONV, Op
@@ -86,20 +86,26 @@ def test_one_module_serves_every_batch():
 
 def test_depthwise_channel_pairs_only_where_the_grid_is_deep(monkeypatch):
     """dwconv_cp (the FFMA kernel): two channels per thread where the one-channel grid has more CTAs
-    than SMs and the image has 16 rows; never with scalar loads."""
+    than SMs, never with scalar loads; 16-row tiles of 256 threads, or 8-row ones of 128 on maps of
+    fewer than 16 rows (dwconv_rows)."""
     ffma_depthwise(monkeypatch)
 
     def pairs(cfg, batch, sms):
         ex = GpuExecutor(W(cfg), "fp16", batch=batch, backend=FakeBackend(sms=sms))
-        return {L.name for L in ex.launches if L.name.endswith(".ds_conv") and L.fn.symbol.endswith("_p2")}
+        return {L.name: (L.fn.symbol.endswith("_h8"), L.block[0]) for L in ex.launches
+                if L.name.endswith(".ds_conv") and "_p2" in L.fn.symbol}
 
-    assert pairs(UNetConfig(), 1, 132) == set()
+    assert pairs(UNetConfig(), 1, 132) == {}
     b16 = pairs(UNetConfig(), 16, 132)
-    assert {"downs.0.block1.ds_conv", "ups.3.block2.ds_conv", "final_block.ds_conv"} <= b16
-    assert not {n for n in b16 if n.startswith(("downs.3.", "mid.", "ups.0."))}   # 8x8 maps
+    for name in ("downs.0.block1.ds_conv", "ups.3.block2.ds_conv", "final_block.ds_conv"):
+        assert b16[name] == (False, 256)
+    assert b16["ups.0.block1.ds_conv"] == (True, 128)                              # 8x8: 12 x 16 CTAs > 132
+    assert "mid.block1.ds_conv" not in b16                                         # 8 x 16 = 128 CTAs
     assert "ups.3.block1.ds_conv" in pairs(UNetConfig(), 1, 8)                     # the Orin Nano's 8 SMs
+    assert {"ups.0.block1.ds_conv", "mid.block1.ds_conv"} <= set(pairs(UNetConfig(), 4, 8))
     assert pairs(ODD, 16, 8)                                                       # 12-36 channels: 8-byte vectors
     assert dwconv_cp(64, 64, 16, 8, vec=1) == 1                                # scalar loads: one channel
+    assert dwconv_rows(8, 2) == 8 and dwconv_rows(16, 2) == 16 and dwconv_rows(8, 1) == 8
 
 
 def test_depthwise_on_tensor_cores_by_default_and_where_it_applies(monkeypatch):
