@@ -1,5 +1,6 @@
-// gate.cu: the attention gate of a skip connection, for the narrow gates (16-bit, Cg <= 64 output
-// channels, Cg + Cr <= 128 input channels: the 64x64 and 32x32 levels of the shipped model).
+// gate.cu: the attention gate of a skip connection, 16-bit: gate_rows for the narrow gates (Cg <= 64
+// output channels, Cg + Cr <= 128 input channels: the 64x64 and 32x32 levels of the shipped model),
+// gate_wide (below) for Cg of 96-256 (the 16x16 and 8x8 levels).
 //
 // Computes out[m, :] = sigmoid(psi . relu(Wg x[m] + Wr skip[m] + b) + psi_b) * skip[m, :] for every
 // pixel m of the batch (a 1x1 op: the batch's pixels are one M), as conv.cu's gate epilogue does:
@@ -121,5 +122,115 @@ __device__ __forceinline__ void gate_rows(GATE_ROWS_PARAMS) {
     }
 }
 
+// ---- the wide gates (Cg of 96-256 in multiples of 32: the 16x16 and 8x8 levels) ----------------
+// The same gate, a CTA of Cg / 32 warps per 16 pixel rows: warp w computes columns 32 w .. 32 w + 31
+// (4 n8 tiles) over the whole K from the CTA's smem rows (loaded as gate_rows loads them), its B
+// fragments (the same packing, ops.gate.pack_gate_rows) streamed from global memory PF k steps
+// ahead of the mma (a CTA's whole weights, 24-196 KB, do not fit its smem). Each warp sums its
+// columns' psi terms as gate_rows does (the quad's two shuffles); the warps' sums meet in smem and
+// are added in warp order, then the sigmoid and the scaled skip rows, 16-byte stores.
+// Why: these gates ran conv.cu's GEMM gate, N split over 4 CTAs whose psi partials met through a
+// ticket (a second round trip), 5.4 / 3.5 us at batch 1 on 8 SMs (the 8x8 and 16x16 levels).
+// Launch: grid ceil(M / 16), block Cg, no dynamic smem.
+template <class D, int CG, int CR>
+__device__ __forceinline__ void gate_wide(GATE_ROWS_PARAMS) {
+    typedef typename D::S S;
+    constexpr int NW = CG / 32, NT = 32 * NW, K = CG + CR, KS = K / 16, NJ = 4, PF = KS < 8 ? KS : 8;
+    constexpr int PITCH = K + 8;                              // 16-bit words per smem row
+    constexpr int XV = CG / 8, SV = CR / 8, RV = XV + SV;     // 16-byte vectors per row: x, skip, both
+    constexpr int LPT = (16 * RV + NT - 1) / NT, OPT = (16 * SV + NT - 1) / NT;   // a thread's loads, stores
+    static_assert(sizeof(S) == 2 && CG % 32 == 0 && CR % 16 == 0 && NW <= 8, "wide 16-bit gates");
+    __shared__ __align__(16) S rows[16 * PITCH];
+    __shared__ float ps[NW][16];
+    const S *x = (const S *)x_, *sk = (const S *)s_;
+    S *out = (S *)out_;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
+    const int m0 = (int)blockIdx.x * 16;
+
+    uint4 ld[LPT];   // vector v = tid + NT i of the 16 rows x RV vectors (x first, then skip)
+#pragma unroll
+    for (int i = 0; i < LPT; ++i) {
+        const int v = tid + NT * i, r = v / RV, c = v % RV, m = m0 + r;
+        ld[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (v < 16 * RV && m < M)
+            ld[i] = c < XV ? *reinterpret_cast<const uint4 *>(x + (size_t)m * ldx + 8 * c)
+                           : *reinterpret_cast<const uint4 *>(sk + (size_t)m * lds + 8 * (c - XV));
+    }
+    // B fragment (k step q, the warp's n8 tile j): w[(q * CG / 8 + NJ warp + j) * 32 + lane]
+    const uint2 *wb = w + (size_t)warp * NJ * 32 + lane;
+    uint2 bq[PF][NJ];
+#pragma unroll
+    for (int q = 0; q < PF; ++q)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) bq[q][j] = wb[(q * (CG / 8) + j) * 32];
+    float bv[NJ][2], pv[NJ][2];   // bias and psi of the lane's columns 32 warp + 8 j + 2 t, + 1
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            bv[j][e] = bias[32 * warp + 8 * j + 2 * t + e];
+            pv[j][e] = psi[32 * warp + 8 * j + 2 * t + e];
+        }
+#pragma unroll
+    for (int i = 0; i < LPT; ++i) {
+        const int v = tid + NT * i, r = v / RV, c = v % RV;
+        if (v < 16 * RV) *reinterpret_cast<uint4 *>(rows + r * PITCH + 8 * c) = ld[i];
+    }
+    __syncthreads();
+
+    // ldmatrix.x4 of k step q: lane l gives row l % 16, columns 8 (l / 16) + 16 q (a0..a3)
+    const saddr arow = smem_u32(rows) + (u32)(((lane & 15) * PITCH + 8 * (lane >> 4)) * 2);
+    float acc[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < KS; ++q) {
+        u32 a[4];
+        ldmatrix_x4(a, arow + (u32)(q * 32));
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const u32 bb[2] = {bq[q % PF][j].x, bq[q % PF][j].y};
+            D::mma(acc[j], a, bb);
+        }
+        if (q + PF < KS)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) bq[q % PF][j] = wb[((q + PF) * (CG / 8) + j) * 32];
+    }
+    // psi . relu(acc + bias) of rows g (c0, c1) and g + 8 (c2, c3), over the warp's columns
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        s0 += fmaxf(acc[j][0] + bv[j][0], 0.0f) * pv[j][0] + fmaxf(acc[j][1] + bv[j][1], 0.0f) * pv[j][1];
+        s1 += fmaxf(acc[j][2] + bv[j][0], 0.0f) * pv[j][0] + fmaxf(acc[j][3] + bv[j][1], 0.0f) * pv[j][1];
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (t == 0) {
+        ps[warp][g] = s0;
+        ps[warp][g + 8] = s1;
+    }
+    __syncthreads();
+    // the gated skip: vector u = tid + NT i of the 16 rows x SV skip vectors, from the smem rows
+#pragma unroll
+    for (int i = 0; i < OPT; ++i) {
+        const int u = tid + NT * i, r = u / SV, c = u % SV;
+        if (u >= 16 * SV) break;
+        float sum = 0.0f;
+#pragma unroll
+        for (int v = 0; v < NW; ++v) sum += ps[v][r];
+        const float gr = 1.0f / (1.0f + expf(-(psi_b + sum)));
+        Vec<S, 8> o = vload<S, 8>(rows + r * PITCH + CG + 8 * c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o.v[e] = D::from_f(D::to_f(o.v[e]) * gr);
+        if (m0 + r < M) vstore<S, 8>(out + (size_t)(m0 + r) * ldo + 8 * c, o);
+    }
+}
+
 #define GATE_ROWS_INSTANCE(name, D, CG, CR)                                                     \
     extern "C" __global__ void __launch_bounds__(128) name(GATE_ROWS_PARAMS) { gate_rows<D, CG, CR>(GATE_ROWS_ARGS); }
+#define GATE_WIDE_INSTANCE(name, D, CG, CR)                                                     \
+    extern "C" __global__ void __launch_bounds__(CG) name(GATE_ROWS_PARAMS) { gate_wide<D, CG, CR>(GATE_ROWS_ARGS); }

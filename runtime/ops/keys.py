@@ -83,6 +83,12 @@ class ConvKey:
                 f"{(2 if self.nsplit else 1) if self.gate else 0}{tail}, {self.feat_bits})")
 
 
+def narrow_gate(g: int, r: int) -> bool:
+    """kernels/gate.cu's gate_rows shapes: a warp holds all Cg columns (Cg <= 64) and the weights fit
+    its CTA's smem (Cg + Cr <= 128); wider gates take gate_wide (ops.gate.rows_gate)."""
+    return g <= 64 and g + r <= 128
+
+
 @dataclass(frozen=True)
 class SimpleKey:
     """dwconv / init_conv / init_conv_tc / final_conv / gate_rows instantiations: (kind, dtype, k, n, tw, cp)."""
@@ -117,6 +123,7 @@ class SimpleKey:
             return f"INIT_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.tw})"
         if self.kind == "init_tc":
             return f"INIT_TC_INSTANCE({self.symbol}, {d}, {self.k}, {self.n}, {self.cp})"
-        if self.kind == "gate_rows":
-            return f"GATE_ROWS_INSTANCE({self.symbol}, {d}, {self.n}, {self.tw})"
+        if self.kind == "gate_rows":   # gate.cu: gate_rows for the narrow gates, else gate_wide
+            macro = "GATE_ROWS_INSTANCE" if narrow_gate(self.n, self.tw) else "GATE_WIDE_INSTANCE"
+            return f"{macro}({self.symbol}, {d}, {self.n}, {self.tw})"
         return f"FINAL_INSTANCE({self.symbol}, {d}, {self.n}, {self.k})"

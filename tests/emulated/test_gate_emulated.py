@@ -1,9 +1,10 @@
 """The narrow attention gate (kernels/gate.cu) run on the CPU by tests/emu/simt.h (see
 tests/test_conv_pipe_emulated.py), against the gate in float64 on the same 16-bit inputs and
 weights: sigmoid(psi . relu(Wg x + Wr skip + b) + psi_b) * skip. Cases: the shipped model's two
-shapes (32 + 32 and 64 + 32 channels), fp16 and bf16, views of concat buffers on all three
-tensors (pixel strides past the channels, offset channel windows), a ragged last row tile, and
-grids that leave each warp several row tiles (the persistent loop and its register prefetch).
+shapes (32 + 32 and 64 + 32 channels; the wide kernel: 128 + 64, 256 + 128, and 96 + 32), fp16
+and bf16, views of concat buffers on all three tensors (pixel strides past the channels, offset
+channel windows), a ragged last row tile, and grids that leave each warp several row tiles (the
+persistent loop and its register prefetch).
 Outputs are NaN-poisoned: every owned element must be written, nothing outside the window."""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from jetson_unet.ops.common import to_device
 from jetson_unet.ops.gate import GATE_ROWS_WARPS, pack_gate_rows
-from jetson_unet.ops.keys import SimpleKey
+from jetson_unet.ops.keys import SimpleKey, narrow_gate
 from tests.emulated.test_conv_pipe_emulated import kernel_lib, macro_params
 from tests.emulated.test_dwconv_emulated import as_float, poison
 
@@ -26,6 +27,11 @@ CASES = [
     ("g64-r32-views-ragged", "fp16", 64, 32, 71, (96, 0), (96, 64), (96, 64), 2),
     ("g32-r32-bf16-dense", "bf16", 32, 32, 128, (32, 0), (32, 0), (32, 0), 2),
     ("g16-r16-one-tile-per-warp", "fp16", 16, 16, 40, (24, 8), (16, 0), (40, 8), 1),
+    # gate_wide (a CTA of Cg / 32 warps per 16 rows; CTAs = the row tiles): the 16x16 and 8x8
+    # levels' shapes, a ragged last tile, views
+    ("wide-g128-r64-views-ragged", "fp16", 128, 64, 41, (200, 8), (72, 8), (96, 16), 0),
+    ("wide-g256-r128-bf16", "bf16", 256, 128, 32, (256, 0), (384, 256), (384, 256), 0),
+    ("wide-g96-r32-fp16", "fp16", 96, 32, 20, (96, 0), (32, 0), (32, 0), 0),
 ]
 
 
@@ -73,7 +79,8 @@ def test_gate_rows_matches_float64(lib, case):
     args = [ptr(x16, x0), ldx, ptr(s16, s0), lds, ptr(w), ptr(bias), ptr(psi), psi_b, ptr(out, o0), ldo, m]
     cargs = [a if k == "p" else (ctypes.c_float(a) if k == "f" else ctypes.c_int(a))
              for k, a in zip(macro_params("gate.cu", "GATE_ROWS_PARAMS"), args)]
-    getattr(lib, "emu_" + key(dt, g, r).symbol)(ctas, 1, 1, 32 * GATE_ROWS_WARPS, *cargs)
+    grid, block = (ctas, 32 * GATE_ROWS_WARPS) if narrow_gate(g, r) else (-(-m // 16), g)
+    getattr(lib, "emu_" + key(dt, g, r).symbol)(grid, 1, 1, block, *cargs)
 
     xs = as_float(x16, dt)[:, x0:x0 + g]
     sk = as_float(s16, dt)[:, s0:s0 + r]
@@ -91,9 +98,9 @@ def test_gate_rows_matches_float64(lib, case):
     assert err <= tol, f"{name}: max error {err:.3g} > {tol:.3g}"
 
 
-def test_gate_rows_compiles_for_sm87_without_spills(ptxas87):
-    """The shipped model's two narrow gates, fp16 and bf16, through ptxas for the Orin's sm_87."""
-    keys = [key(dt, g, r) for dt in ("fp16", "bf16") for g, r in ((32, 32), (64, 32))]
+def test_gates_compile_for_sm87_without_spills(ptxas87):
+    """The shipped model's gates, fp16 and bf16, through ptxas for the Orin's sm_87."""
+    keys = [key(dt, g, r) for dt in ("fp16", "bf16") for g, r in ((32, 32), (64, 32), (128, 64), (256, 128))]
     rep = ptxas87.report(keys)
     for k in keys:
         assert rep[k.symbol]["spill"] == 0 and rep[k.symbol]["stack"] == 0, (k.symbol, rep[k.symbol])

@@ -108,6 +108,25 @@ def test_depthwise_channel_pairs_only_where_the_grid_is_deep(monkeypatch):
     assert dwconv_rows(8, 2) == 8 and dwconv_rows(16, 2) == 16 and dwconv_rows(8, 1) == 8
 
 
+def test_wide_gates_on_gate_cu_where_the_grid_is_shallow():
+    """ops.gate.wide_gate: the 16x16 and 8x8 levels' gates (128 + 64, 256 + 128) run gate.cu's
+    gate_wide where its grid (a CTA per 16 rows) has at most 4 CTAs per SM, else the GEMM gate; the
+    narrow ones run gate_rows everywhere."""
+    def kernels(batch, sms):
+        ex = GpuExecutor(W(UNetConfig()), "fp16", batch=batch, backend=FakeBackend(sms=sms))
+        return {L.name.split("@")[0]: (L.fn.symbol, L.block[0]) for L in ex.launches if ".gate@" in L.name}
+
+    b1 = kernels(1, 8)
+    assert b1["ups.0.gate"] == ("gate_rows_f16_g256_r128", 256) and b1["ups.1.gate"] == ("gate_rows_f16_g128_r64", 128)
+    assert b1["ups.3.gate"] == ("gate_rows_f16_g32_r32", 128)
+    b4 = kernels(4, 8)                                   # 16x16: 64 CTAs on 8 SMs
+    assert b4["ups.0.gate"][0].startswith("gate_rows_") and not b4["ups.1.gate"][0].startswith("gate_rows_")
+    b64 = kernels(64, 132)                               # 16x16: 1024 CTAs on 132 SMs
+    assert b64["ups.0.gate"][0].startswith("gate_rows_") and not b64["ups.1.gate"][0].startswith("gate_rows_")
+    fp32 = GpuExecutor(W(UNetConfig()), "fp32", batch=1, backend=FakeBackend(sms=8))
+    assert not any(L.fn.symbol.startswith("gate_rows_") for L in fp32.launches)
+
+
 def test_depthwise_on_tensor_cores_by_default_and_where_it_applies(monkeypatch):
     """dwconv_tc puts the 16-bit depthwise convs of images of >= 16 rows on kernels/dwconv.cu dwconv_tc
     (16 x 16 x 8 CPW tiles, B fragments packed by the host); 8x8 maps and fp32 keep the FFMA kernel."""
