@@ -26,6 +26,34 @@
     const float *psi, float psi_b, void *out_, int ldo, int M
 #define GATE_ROWS_ARGS x_, ldx, s_, lds, w, bias, psi, psi_b, out_, ldo, M
 
+// psi . relu(acc + bias) of rows g (c0, c1) and g + 8 (c2, c3) of a warp's m16 tile, over the NJ n8
+// tiles of the lane's quad (bv, pv: bias and psi of the lane's columns 8 j + 2 t, + 1), summed over
+// the quad by two shuffles: (row g, row g + 8) in every lane of the quad.
+template <int NJ>
+__device__ __forceinline__ float2 gate_psi_rows(const float (&acc)[NJ][4], const float (&bv)[NJ][2],
+                                                const float (&pv)[NJ][2]) {
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        s0 += fmaxf(acc[j][0] + bv[j][0], 0.0f) * pv[j][0] + fmaxf(acc[j][1] + bv[j][1], 0.0f) * pv[j][1];
+        s1 += fmaxf(acc[j][2] + bv[j][0], 0.0f) * pv[j][0] + fmaxf(acc[j][3] + bv[j][1], 0.0f) * pv[j][1];
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    return make_float2(s0, s1);
+}
+
+// One gated skip vector: the 8 skip values at `src` (smem) times the gate, rounded once, stored at dst.
+template <class D>
+__device__ __forceinline__ void gate_store(const typename D::S *src, float gate, typename D::S *dst, bool ok) {
+    Vec<typename D::S, 8> v = vload<typename D::S, 8>(src);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v.v[e] = D::from_f(D::to_f(v.v[e]) * gate);
+    if (ok) vstore<typename D::S, 8>(dst, v);
+}
+
 template <class D, int CG, int CR>
 __device__ __forceinline__ void gate_rows(GATE_ROWS_PARAMS) {
     typedef typename D::S S;
@@ -95,28 +123,15 @@ __device__ __forceinline__ void gate_rows(GATE_ROWS_PARAMS) {
                 D::mma(acc[j], a, bb);
             }
         }
-        // psi . relu(acc + bias) of rows g (c0, c1) and g + 8 (c2, c3), over the quad's columns
-        float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-            s0 += fmaxf(acc[j][0] + bv[j][0], 0.0f) * pv[j][0] + fmaxf(acc[j][1] + bv[j][1], 0.0f) * pv[j][1];
-            s1 += fmaxf(acc[j][2] + bv[j][0], 0.0f) * pv[j][0] + fmaxf(acc[j][3] + bv[j][1], 0.0f) * pv[j][1];
-        }
-        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-        const float g0 = 1.0f / (1.0f + expf(-(psi_b + s0))), g1 = 1.0f / (1.0f + expf(-(psi_b + s1)));
+        const float2 sp = gate_psi_rows<NJ>(acc, bv, pv);
+        const float g0 = 1.0f / (1.0f + expf(-(psi_b + sp.x))), g1 = 1.0f / (1.0f + expf(-(psi_b + sp.y)));
         // the gated skip: vector u = lane + 32 i of the 16 rows x SV skip vectors, from the smem rows
 #pragma unroll
         for (int i = 0; i < OPL; ++i) {
             const int u = lane + 32 * i, r = u / SV, c = u % SV;
             const float ga = __shfl_sync(0xffffffffu, g0, 4 * (r & 7)), gb = __shfl_sync(0xffffffffu, g1, 4 * (r & 7));
             const float gr = r < 8 ? ga : gb;
-            Vec<S, 8> v = vload<S, 8>(rows + r * PITCH + CG + 8 * c);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v.v[e] = D::from_f(D::to_f(v.v[e]) * gr);
-            if (m0 + r < M) vstore<S, 8>(out + (size_t)(m0 + r) * ldo + 8 * c, v);
+            gate_store<D>(rows + r * PITCH + CG + 8 * c, gr, out + (size_t)(m0 + r) * ldo + 8 * c, m0 + r < M);
         }
         __syncwarp();   // every lane is done with the rows before the next tile's stores
     }
@@ -198,20 +213,10 @@ __device__ __forceinline__ void gate_wide(GATE_ROWS_PARAMS) {
 #pragma unroll
             for (int j = 0; j < NJ; ++j) bq[q % PF][j] = wb[((q + PF) * (CG / 8) + j) * 32];
     }
-    // psi . relu(acc + bias) of rows g (c0, c1) and g + 8 (c2, c3), over the warp's columns
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-        s0 += fmaxf(acc[j][0] + bv[j][0], 0.0f) * pv[j][0] + fmaxf(acc[j][1] + bv[j][1], 0.0f) * pv[j][1];
-        s1 += fmaxf(acc[j][2] + bv[j][0], 0.0f) * pv[j][0] + fmaxf(acc[j][3] + bv[j][1], 0.0f) * pv[j][1];
-    }
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    const float2 sp = gate_psi_rows<NJ>(acc, bv, pv);   // over the warp's 32 columns
     if (t == 0) {
-        ps[warp][g] = s0;
-        ps[warp][g + 8] = s1;
+        ps[warp][g] = sp.x;
+        ps[warp][g + 8] = sp.y;
     }
     __syncthreads();
     // the gated skip: vector u = tid + NT i of the 16 rows x SV skip vectors, from the smem rows
@@ -223,10 +228,7 @@ __device__ __forceinline__ void gate_wide(GATE_ROWS_PARAMS) {
 #pragma unroll
         for (int v = 0; v < NW; ++v) sum += ps[v][r];
         const float gr = 1.0f / (1.0f + expf(-(psi_b + sum)));
-        Vec<S, 8> o = vload<S, 8>(rows + r * PITCH + CG + 8 * c);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o.v[e] = D::from_f(D::to_f(o.v[e]) * gr);
-        if (m0 + r < M) vstore<S, 8>(out + (size_t)(m0 + r) * ldo + 8 * c, o);
+        gate_store<D>(rows + r * PITCH + CG + 8 * c, gr, out + (size_t)(m0 + r) * ldo + 8 * c, m0 + r < M);
     }
 }
 
