@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import struct
 import time
 from dataclasses import dataclass
@@ -114,6 +115,12 @@ def check_cubin(data: bytes, arch: int, symbols: Sequence[str] = ()) -> Optional
     return None
 
 
+def toolchain_version(toolchain: str) -> Tuple[int, ...]:
+    """(major, minor) of a toolchain string ("nvrtc 12.2", "nvcc: release 13.0, V13.0.88"); () if none."""
+    m = re.search(r"(\d+)\.(\d+)", toolchain)
+    return (int(m.group(1)), int(m.group(2))) if m else ()
+
+
 # ---- the cache ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Entry:
@@ -139,8 +146,10 @@ class CubinCache:
 
     def find(self, source: str, options: Sequence[str], arch: int, toolchain: Optional[str],
              symbols: Sequence[str] = (), name: str = "seed-unet") -> Iterator[Entry]:
-        """Valid entries for this module and arch, lazily: this toolchain's first, then any other
-        toolchain's (newest first). An invalid entry met on the way is deleted."""
+        """Valid entries for this module and arch, lazily: this toolchain's first (none: no
+        preference), then any other toolchain's, the newest toolchain version first (its code is
+        the faster; a driver too old for it refuses it), then the newest entry. An invalid entry met
+        on the way is deleted."""
         src_sha, opts = sha256(source.encode()), list(key_options(options))
         exact = self.path_for(name, src_sha, options, arch, toolchain) if toolchain is not None else None
         if exact is not None and (exact.exists() or exact.with_suffix(".json").exists()):
@@ -153,8 +162,10 @@ class CubinCache:
             if side.with_suffix(".cubin") == exact or (meta is not None and (
                     meta.get("source_sha256") != src_sha or meta.get("options") != opts or meta.get("arch") != int(arch))):
                 continue   # ours was judged above; another module's entry is not ours to judge
-            others.append((str((meta or {}).get("created", "")), side.with_suffix(".cubin")))
-        for _, cub in sorted(others, reverse=True):
+            m = meta or {}
+            others.append((toolchain_version(str(m.get("toolchain", ""))), str(m.get("created", "")),
+                           side.with_suffix(".cubin")))
+        for _, _, cub in sorted(others, reverse=True):
             e = self._validated(cub, arch, symbols)
             if e is not None:
                 yield e

@@ -1,9 +1,10 @@
 """The ONE kernel loader: module text -> a loaded module with every symbol fetched.
 
 `load_module` looks in the cubins shipped with the package first (jetson_unet.cubins, read-only:
-built at release time by `python -m tools.build_kernels` for the shipped model), then in the cubin
-cache (jetson_unet.build.cache: validated entries of this toolchain, then of any toolchain, e.g. made
-ahead of time by `jetson-sample --prepare`), else compiles with the backend's compiler
+built at release time by `python -m tools.build_kernels` for the shipped model; the newest
+toolchain's that the driver loads), then in the cubin cache (jetson_unet.build.cache: validated
+entries of this toolchain, then of any toolchain, e.g. made ahead of time by `jetson-sample
+--prepare`), else compiles with the backend's compiler
 (jetson_unet.build.compilers) under the cache's lock for that entry, stores the cubin and loads it:
 one cache for both backends, one compile per module across processes.
 """
@@ -90,9 +91,11 @@ def _build(backend: Backend, source: str, name: str, options: Tuple[str, ...], s
 def _first_loadable(backend: Backend, source: str, options: Tuple[str, ...], arch: int, toolchain: Optional[str],
                     symbols: Sequence[str], name: str, caches: Sequence[CubinCache]) -> Optional[Tuple[Module, str]]:
     """(module, "shipped" or "cache") of the first valid entry the driver loads, in the order of
-    `caches`; an entry it refuses is discarded by its cache (a read-only one only skips it)."""
+    `caches`; an entry it refuses is discarded by its cache (a read-only one only skips it). The
+    shipped cubins are tried newest toolchain first, whatever this machine's compiler: sm_90 ships
+    NVRTC 13's code (ELF ABI 8, CUDA 13 drivers) beside 12.2's (ABI 7, which CUDA 12 drivers read)."""
     for cache in caches:
-        for entry in cache.find(source, options, arch, toolchain, symbols, name):
+        for entry in cache.find(source, options, arch, None if cache.read_only else toolchain, symbols, name):
             try:
                 return backend.load_cubin(entry.cubin, symbols), ("shipped" if cache.read_only else "cache")
             except KernelCompileError as e:

@@ -18,6 +18,7 @@ import glob
 import importlib.util
 import os
 import re
+from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.errors import KernelCompileError, UsageError
@@ -39,6 +40,13 @@ class NVRTCError(KernelCompileError):
         self.args = (f"{call} failed: {text} ({status}) [{library}]",)
 
 
+def _preload_builtins(folder: Path) -> None:
+    """Load the folder's libnvrtc-builtins.so.X.Y first (RTLD_GLOBAL), so that NVRTC's own dlopen of
+    it by name succeeds: NVRTC 13's pip package does not find it beside itself otherwise."""
+    for lib in sorted(folder.glob("libnvrtc-builtins.so.*")):
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+
+
 class NvrtcLib:
     """The calls compilers.nvrtc_cubin makes, over one libnvrtc.so (CUDA 11.2+: cubin output and the
     arch list). `library` names the file in messages."""
@@ -47,6 +55,7 @@ class NvrtcLib:
     def __init__(self, path: str, origin: str = "--nvrtc") -> None:
         self.library = str(path)
         try:
+            _preload_builtins(Path(self.library).parent)
             self._lib = ctypes.CDLL(self.library)
         except OSError as e:   # missing, not a shared library, wrong machine
             raise UsageError(f"{origin} {self.library}: cannot load it as an NVRTC library ({e})") from None

@@ -182,6 +182,19 @@ def test_another_toolchains_cubin_is_used_and_ours_preferred(cache, nvrtc, build
     assert list(cache.find(src, opts, 72, "nvrtc 12.6", syms)) == [], "another arch's lookup finds nothing"
 
 
+def test_other_toolchains_come_newest_version_first(cache):
+    """Among other toolchains' entries the newest toolchain version comes first, whichever was stored
+    last; no toolchain given: no entry is preferred."""
+    src, syms, opts = module_source(KEYS), sorted(k.symbol for k in KEYS), nvrtc_options(87)
+    stored = [cache.store(fake_cubin(87, syms), src, opts, 87, tc, syms)
+              for tc in ("nvrtc 13.0", "nvcc: release 12.6, V12.6.68", "nvrtc 11.8", "nvrtc 12.10")]
+    want = [stored[0], stored[3], stored[1], stored[2]]
+    assert [e.cubin for e in cache.find(src, opts, 87, "nvrtc 12.2", syms)] == want
+    assert [e.cubin for e in cache.find(src, opts, 87, None, syms)] == want
+    assert [e.cubin for e in cache.find(src, opts, 87, "nvrtc 11.8", syms)] == [stored[2]] + want[:3]
+    assert cubins.toolchain_version("nvcc: release 13.0, V13.0.88") == (13, 0) and cubins.toolchain_version("x") == ()
+
+
 def test_one_cache_for_both_backends(cache, builds):
     """A cubin nvcc built for the pycuda backend serves a CuPy-like backend, and the other way round:
     the toolchain is part of the key, the backend is not."""

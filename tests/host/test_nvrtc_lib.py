@@ -199,6 +199,18 @@ def test_a_broken_library_is_one_line(tmp_path):
         nvrtc_lib.NvrtcLib("libm.so.6")      # loads, but is not NVRTC
 
 
+def test_the_builtins_beside_the_library_load_first(tmp_path, monkeypatch):
+    """NVRTC 13's pip package finds its libnvrtc-builtins.so.13.0 only if it is loaded already."""
+    for name in ("libnvrtc.so.13", "libnvrtc-builtins.so.13.0", "libnvrtc-builtins.alt.so.13.0"):
+        (tmp_path / name).write_text("")
+    calls = []
+    monkeypatch.setattr(nvrtc_lib.ctypes, "CDLL", lambda path, mode=0: calls.append((path, mode)) or object())
+    with pytest.raises(UsageError, match="not an NVRTC library"):   # the fake loads, without NVRTC's calls
+        nvrtc_lib.NvrtcLib(str(tmp_path / "libnvrtc.so.13"))
+    assert calls == [(str(tmp_path / "libnvrtc-builtins.so.13.0"), nvrtc_lib.ctypes.RTLD_GLOBAL),
+                     (str(tmp_path / "libnvrtc.so.13"), 0)]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--nvrtc", "x.so"], "--nvrtc goes with --prepare"),
     (["--prepare", "--nvrtc", "/nonexistent/libnvrtc.so.12"], "--nvrtc /nonexistent/libnvrtc.so.12: no such file"),

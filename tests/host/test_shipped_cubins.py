@@ -31,7 +31,7 @@ from jetson_unet.paths import shipped_cubins_dir, shipped_tiles_dir
 from jetson_unet.pipeline import default_weights_path
 from tools import build_kernels
 
-REBUILD = "rebuild them: `python -m tools.build_kernels --nvrtc DIR --nvrtc-for 90=DIR` (its docstring)"
+REBUILD = "rebuild them: `python -m tools.build_kernels --nvrtc DIR --nvrtc-for 90=DIR --nvrtc-for 90=DIR` (its docstring)"
 # SM counts of the GPUs of each shipped arch (boards, cards, H100 slices), beyond tools.build_kernels.SHIP_SMS
 GPU_SMS = {72: (6, 8), 75: (40, 46, 68, 72), 80: (56, 108), 86: (28, 46, 68, 82, 84), 87: (4, 6, 8, 14, 16),
            89: (24, 58, 76, 128, 142), 90: (8, 16, 66, 114, 132)}
@@ -58,13 +58,16 @@ def test_every_planned_module_is_shipped_and_nothing_else(planned, capsys):
 
 
 def test_each_arch_ships_its_toolchains_cubins(planned):
-    """sm_90's cubins are NVRTC 12.2's, every other arch's 11.8's (tools.build_kernels.SHIP_NVRTC), all
-    in ELF ABI version 7, the layout CUDA 11 and 12 drivers read (13's, 8, they refuse)."""
+    """Every arch ships NVRTC 11.8's cubins but sm_90, which ships 12.2's and 13.0's
+    (tools.build_kernels.SHIP_NVRTC): 11.8's and 12.2's in ELF ABI version 7, the layout CUDA 11 and
+    12 drivers read, 13.0's in version 8, which only CUDA 13 drivers read."""
     cache = CubinCache(shipped_cubins_dir(), read_only=True)
+    assert build_kernels.SHIP_NVRTC[90] == ("nvrtc 12.2", "nvrtc 13.0")
     for m in planned:
-        e = build_kernels.entry(m, cache)
-        assert e.toolchain.startswith(build_kernels.SHIP_NVRTC[m.arch]), (m.label, e.toolchain, REBUILD)
-        assert e.cubin.read_bytes()[8] == 7, m.label
+        for toolchain in build_kernels.SHIP_NVRTC[m.arch]:
+            e = build_kernels.entry(m, cache, toolchain)
+            assert e is not None, (m.label, toolchain, REBUILD)
+            assert e.cubin.read_bytes()[8] == (8 if toolchain == "nvrtc 13.0" else 7), (m.label, toolchain)
 
 
 def test_the_build_refuses_another_toolchain_before_building(monkeypatch, capsys):
@@ -84,7 +87,23 @@ def test_nvrtc_for_names_a_shipped_arch(item):
 
 def test_nvrtc_for_overrides_one_arch():
     libs = build_kernels.libraries("/old", ["90=/new"])
-    assert libs[90] == "/new" and all(v == "/old" for a, v in libs.items() if a != 90)
+    assert libs[90] == ["/new"] and all(v == ["/old"] for a, v in libs.items() if a != 90)
+    assert build_kernels.libraries(None, ["90=/a", "90=/b"])[90] == ["/a", "/b"]
+
+
+def _compilers_by_library(monkeypatch):
+    """pick_compiler over fakes: the library /x/nvrtc-12.2 is "nvrtc 12.2", any other "nvrtc 11.8"."""
+    monkeypatch.setattr(build_kernels.aot, "pick_compiler", lambda *a, library=None, **k: fake_compiler(
+        [], f"nvrtc {library.rsplit('-', 1)[1]}" if library and "-" in library else "nvrtc 11.8"))
+
+
+def test_sm90_needs_both_of_its_toolchains(monkeypatch):
+    """sm_90 builds with 12.2's and 13.0's NVRTC; one of them alone is refused, naming both."""
+    _compilers_by_library(monkeypatch)
+    both = build_kernels.libraries("/x/nvrtc-11.8", ["90=/x/nvrtc-12.2", "90=/x/nvrtc-13.0"])
+    build_kernels.check_toolchains(both, [72, 87, 90])
+    with pytest.raises(UsageError, match=r"sm_90 ships cubins of nvrtc 12\.2 and nvrtc 13\.0.* with nvrtc 12\.2:"):
+        build_kernels.check_toolchains(build_kernels.libraries(None, ["90=/x/nvrtc-12.2"]), [90])
 
 
 def test_every_gpu_and_batch_asks_for_a_shipped_module(weights, planned):
@@ -147,6 +166,23 @@ def _shipped(folder, data=None):
 def _load(be, shipped, cache, builds):
     return load_module(be, SOURCE, "seed-unet", OPTIONS, SYMBOLS, 87, cache=cache, compiler=fake_compiler(builds),
                        shipped=shipped)
+
+
+@pytest.mark.parametrize("driver", ["CUDA 13", "CUDA 12"])
+def test_the_newest_shipped_toolchain_the_driver_loads_serves(tmp_path, driver):
+    """A shipped module in two toolchains' cubins: the newest toolchain's first (even where this
+    machine's compiler is the older one); a driver that refuses it (ELF ABI 8 under CUDA 12) gets
+    the older one, and nothing compiles."""
+    shipped, old = _shipped(tmp_path / "shipped")                          # nvrtc 11.8, ABI 7
+    new = CubinCache(old.parent).store(fake_cubin(87, SYMBOLS, abi=8), SOURCE, OPTIONS, 87, "nvrtc 13.0", SYMBOLS)
+    be = CubinBackend(refuse={new.name} if driver == "CUDA 12" else ())
+    builds = []
+    with logs.captured() as notes:
+        load_module(be, SOURCE, "seed-unet", OPTIONS, SYMBOLS, 87, cache=CubinCache(tmp_path / "cache"),
+                    compiler=fake_compiler(builds, "nvrtc 11.8"), shipped=shipped)
+    assert builds == [] and loader.LOADS[-1][0] == "shipped"
+    assert be.loads == ([new] if driver == "CUDA 13" else [new, old])
+    assert driver == "CUDA 13" or any(n.startswith(f"skipped the shipped kernels {new.name}") for n in notes)
 
 
 def test_the_shipped_entry_comes_before_the_cache(tmp_path):

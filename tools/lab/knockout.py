@@ -173,8 +173,9 @@ def make_tree(dest: Path, variant: str, ref: str = "") -> Path:
     patched (variant) or from `ref`: dest/jetson_unet (runtime/, kernels/ as jetson_unet/kernels,
     weights/ linked as jetson_unet/models) and dest/tools. The shipped cubins are left out, so every
     variant, the unchanged one too, runs code of this machine's compiler: the shipped ones' (NVRTC
-    11.8, sm_90's 12.2) ran 1-5% slower on an H100 than NVRTC 13's code of the same source
-    (docs/performance.md), which would otherwise count for or against any kernel change."""
+    11.8; sm_90's 12.2, and 13.0 for CUDA 13 drivers) serve only an unchanged tree, and 12.2's ran
+    1-5% slower on an H100 than NVRTC 13's code of the same source (docs/performance.md), which
+    would otherwise count for or against any kernel change."""
     plist = patches(variant) if variant else []
     shutil.rmtree(dest, ignore_errors=True)   # a --keep folder from an earlier run
     pkg = dest / PACKAGE
