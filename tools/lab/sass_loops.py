@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence
 from jetson_unet.errors import UsageError
 
 COUNTED = {"hmma": "HMMA", "ldsm": "LDSM", "ldgsts": "LDGSTS", "bar": "BAR.SYNC", "local": ("LDL", "STL")}
-FUNC = re.compile(r"^//-+ \.text\.(\S+) -+")
+FUNC = re.compile(r"^//-+ \.text\.(\S+)\s+-+")
 LABEL = re.compile(r"^(\.L_x_\d+):")
 BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
 INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/")
