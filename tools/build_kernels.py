@@ -20,8 +20,9 @@ ran 2.5-3.6% slower on an H100 than 12.2's, which every Hopper driver since CUDA
 NVRTC 13's code, 1.4-1.9% faster again on an H200, ships beside it for CUDA 13 drivers (the loader
 tries the newest toolchain first; docs/performance.md, cold start). One module per (arch,
 precision) serves every batch size up to 64 and every SM count, but an SM count with tuning files of
-its own (runtime/tiles/: 8 and 132) has a module of its own (ops.specs.all_tile_keys). An existing entry of the same toolchain is kept, so a
-second run builds nothing; an entry no module needs any more is removed.
+its own (runtime/tiles/: 8 and 132) has a module of its own (ops.specs.all_tile_keys). An existing
+entry of the same toolchain is kept, so a second run builds nothing; an entry no module needs any
+more is removed.
 """
 from __future__ import annotations
 

@@ -91,15 +91,11 @@ def test_nvrtc_for_overrides_one_arch():
     assert build_kernels.libraries(None, ["90=/a", "90=/b"])[90] == ["/a", "/b"]
 
 
-def _compilers_by_library(monkeypatch):
-    """pick_compiler over fakes: the library /x/nvrtc-12.2 is "nvrtc 12.2", any other "nvrtc 11.8"."""
-    monkeypatch.setattr(build_kernels.aot, "pick_compiler", lambda *a, library=None, **k: fake_compiler(
-        [], f"nvrtc {library.rsplit('-', 1)[1]}" if library and "-" in library else "nvrtc 11.8"))
-
-
 def test_sm90_needs_both_of_its_toolchains(monkeypatch):
-    """sm_90 builds with 12.2's and 13.0's NVRTC; one of them alone is refused, naming both."""
-    _compilers_by_library(monkeypatch)
+    """sm_90 builds with 12.2's and 13.0's NVRTC; one of them alone is refused, naming both. (Fake
+    compilers: the library /x/nvrtc-V is "nvrtc V".)"""
+    monkeypatch.setattr(build_kernels.aot, "pick_compiler", lambda *a, library=None, **k: fake_compiler(
+        [], f"nvrtc {library.rsplit('-', 1)[1]}" if library else "nvrtc 11.8"))
     both = build_kernels.libraries("/x/nvrtc-11.8", ["90=/x/nvrtc-12.2", "90=/x/nvrtc-13.0"])
     build_kernels.check_toolchains(both, [72, 87, 90])
     with pytest.raises(UsageError, match=r"sm_90 ships cubins of nvrtc 12\.2 and nvrtc 13\.0.* with nvrtc 12\.2:"):
