@@ -58,3 +58,14 @@ def test_mma_peak_runs_on_the_slice(sliced):
     res = mp.measure(sliced, sliced.sm_count(), 1, 200, 2)
     assert [r["chains"] for r in res["rows"]] == list(mp.CHAINS)
     assert all(r["s"] > 0 and r["tflops"] > 0 for r in res["rows"])
+
+
+def test_ring_stream_runs_on_the_slice(sliced):
+    import tools.lab.ring_stream as rs
+    cp, stream = sliced.cp, sliced.stream()
+    with stream:
+        buf = cp.ones(rs.BUF // 4, cp.uint32)
+        sink = cp.zeros(4 * sliced.sm_count(), cp.uint32)
+    for kind in rs.KIND:
+        gbs = rs.ring_rate(cp, sliced, stream, buf, sink, sliced.sm_count(), 256, 16 << 10, 3, kind, 1, 2)
+        assert 1.0 < gbs < 1e5, (kind, gbs)
