@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from jetson_unet.bench.timing import timed
+from tools.lab import cupy_backend
 
 WARPS = 8
 MMA_FLOP = 2 * 16 * 8 * 16   # one m16n8k16: 2048 multiply-adds
@@ -94,12 +95,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if min(args.ctas, args.iters, args.repeats) < 1 or (args.sms is not None and args.sms < 1):
         print("mma_peak: --sms, --ctas, --iters and --repeats must be >= 1", file=sys.stderr)
         return 2
-    from jetson_unet.backends import get_backend, gpu_available
-    reason = gpu_available("cupy")
-    if reason is not None:
-        print(f"mma_peak: needs a GPU ({reason})", file=sys.stderr)
+    backend = cupy_backend("mma_peak", args.sms)
+    if backend is None:
         return 2
-    backend = get_backend("cupy", args.sms)
     sms = backend.sm_count()
     res = measure(backend, sms, args.ctas, args.iters, args.repeats)
     hz = clock_hz(backend)

@@ -22,6 +22,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from jetson_unet.bench.timing import timed
+from tools.lab import cupy_backend
 
 SOURCE = r"""
 typedef unsigned int u32;
@@ -185,12 +186,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if err is not None:
         print(f"ring_stream: {err}", file=sys.stderr)
         return 2
-    from jetson_unet.backends import get_backend, gpu_available
-    reason = gpu_available("cupy")
-    if reason is not None:
-        print(f"ring_stream: needs a GPU ({reason})", file=sys.stderr)
+    backend = cupy_backend("ring_stream", args.sms)
+    if backend is None:
         return 2
-    backend = get_backend("cupy", args.sms)
     cp, stream, sms = backend.cp, backend.stream(), backend.sm_count()
     with stream:
         buf = cp.ones(BUF // 4, cp.uint32)
