@@ -134,6 +134,8 @@ def ring_rate(cp: Any, backend: Any, stream: Any, buf: Any, sink: Any, sms: int,
 
 
 def regs_rate(cp: Any, backend: Any, stream: Any, buf: Any, sink: Any, sms: int, repeats: int) -> float:
+    """GB/s of 16-byte register loads, one CTA of 1024 threads per SM (the module builds with any
+    valid ring macros)."""
     fn = cp.RawModule(code=SOURCE, options=("-std=c++17", "-DNT=256", "-DSTAGE=4096", "-DSTAGES=2",
                                             "-DCONSUME=0")).get_function("regs")
     n, reps = BUF // 16, 4
