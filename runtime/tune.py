@@ -145,6 +145,13 @@ def variant_summary(batch: int, label: str, rec: Dict[str, Dict[str, float]]) ->
             f"op's best without it: median {pct[len(pct) // 2]:+.1f}% ({pct[0]:+.1f}% .. {pct[-1]:+.1f}%)")
 
 
+def tile_label(t: TileChoice) -> str:
+    """A tile as the tuner prints it: BMxBNxBK, warps, the kernel (s: cp.async ring, h: halo conv, r:
+    its row tiles) with its stages, k slices, split-K."""
+    return (f"{t.bm}x{t.bn}x{t.bk} {t.wm}x{t.wn} {({2: 'r', 1: 'h'}).get(t.halo, 's')}{t.stages}"
+            f"{f' k{t.ks}' if t.ks > 1 else ''} split {t.splits or '-'}")
+
+
 def top_shapes(timings: list, n: int) -> List[TileChoice]:
     """The fastest variant of each of the n fastest tile shapes (BM, BN, warps, halo, k slices) of an
     op's [(us, TileChoice)], fastest first."""
@@ -164,7 +171,8 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     """Time the candidates, then the split-K factors of each op's `split_top` fastest tile shapes;
     then the whole call with the built-in tiles, the tuned ones and the tiles in use (the file this
     run would replace, else the one the executor finds), and write the fastest as the tuning file
-    of this batch into out_dir (nothing where the tiles in use win). Returns what it records.
+    of this batch into out_dir (nothing where the tiles in use win). Returns what the file records,
+    plus `candidate_us`: every tile timed per op, fastest first (the --json report only).
     `extra`: the candidates' kernel keys (built); key_of(op, tile): the key of one more tile of an op."""
     memo = {} if memo is None else memo
     names = list(cands)
@@ -182,7 +190,8 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     rounds = as_rounds(splits)
     print(f"b{batch}: {len(rounds)} split-K rounds ({len(extra)} kernels built in {secs:.1f} s)", flush=True)
     rec: Dict[str, Dict[str, float]] = {}   # how near split-K came where it lost
-    for n, rs in time_rounds(weights, precision, batch, backend, rounds, names, extra, shards, memo).items():
+    split_seen = time_rounds(weights, precision, batch, backend, rounds, names, extra, shards, memo)
+    for n, rs in split_seen.items():
         if rs:
             top = min(rs, key=lambda r: r[0])
             rec[n] = {"without": best[n][0], "best": top[0]}
@@ -198,12 +207,11 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
         meta["measured_on"] = f"a green-context slice of {backend.slice.describe()}"
     print(f"b{batch} {precision}, per op (us, built-in -> tuned):")
     for n in sorted(names, key=lambda n: heur[n][0] - best[n][0], reverse=True):
-        t = best[n][1]
-        print(f"  {heur[n][0]:7.2f} -> {best[n][0]:7.2f}  {n:28s} {t.bm}x{t.bn}x{t.bk} {t.wm}x{t.wn} "
-              f"{ {2: 'r', 1: 'h'}.get(t.halo, 's')}{t.stages}{f' k{t.ks}' if t.ks > 1 else ''} split {t.splits or '-'}")
+        print(f"  {heur[n][0]:7.2f} -> {best[n][0]:7.2f}  {n:28s} {tile_label(best[n][1])}")
     settle_file(weights, precision, batch, backend, {n: best[n][1] for n in names}, {n: heur[n][1] for n in names},
                 meta, out_dir, extra, shards, memo)
-    return meta
+    timed = {n: sorted((us, tile_label(t)) for us, t in seen[n] + split_seen.get(n, [])) for n in names}
+    return dict(meta, candidate_us={n: [[round(us, 3), label] for us, label in timed[n]] for n in names})
 
 
 def settle_file(weights: Any, precision: str, batch: int, backend: Any, tiles: Dict[str, TileChoice],
@@ -247,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default=None, metavar="DIR",
                    help="where the tuning files go (default: where the executor looks, $JETSON_UNET_TILES, "
                         "else $XDG_CACHE_HOME or ~/.cache, then jetson-unet/tiles)")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the measurements to this JSON file")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="also write the measurements, every candidate tile's time per op included, to this JSON file")
     p.add_argument("--split-top", type=number("--split-top", 1), default=3, metavar="N",
                    help="time the split-K factors of each op's N fastest tile shapes (default: 3)")
     p.add_argument("--sms", type=number("--sms", 1), default=None,

@@ -202,6 +202,43 @@ def test_split_k_rounds_time_the_runner_up_tile_shapes_too(weights, tmp_path, mo
     assert not any((t.bm, t.bn) == (32, 32) for t in tiles.values())
 
 
+def test_the_json_report_lists_every_tile_timed_and_the_file_does_not(weights, tmp_path, monkeypatch):
+    """--json: per op, every candidate and split variant timed, fastest first, labelled as printed,
+    so a tile that lost can be told how far; the tuning file stays as it was (picks and figures)."""
+    def fake_rounds(weights, precision, batch, backend, rounds, names, extra, shards=1, memo=None):
+        seen = {n: [] for n in names}
+        for tiles in rounds:
+            for n, t in tiles.items():
+                seen[n].append((1.0 + 0.01 * t.bm + 0.001 * t.bn + 0.1 * t.splits, t))
+        return seen
+
+    fake = TimedFake()
+    monkeypatch.setattr(tune, "time_rounds", fake_rounds)
+    monkeypatch.setattr(tune, "time_calls", calls_timed({"built-in": 2.0, "tuned": 1.0}))
+    monkeypatch.setattr(tune, "get_backend", lambda name, sms=None: fake)
+    report = tmp_path / "report.json"
+    assert tune.main(["--precision", "fp16", "--batch", "2", "--out-dir", str(tmp_path), "--json", str(report),
+                      "--quiet"]) == 0
+    (rec,) = json.loads(report.read_text())
+    doc = json.loads((tmp_path / "tiles-fake-8sm-fp16-b2.json").read_text())
+    assert "candidate_us" not in doc and {k: v for k, v in rec.items() if k != "candidate_us"} == doc_meta(doc)
+    plan = build_plan(weights.config)
+    ctx = Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
+    for op in plan.ops:
+        if not tunable(op, ctx):
+            continue
+        timed = rec["candidate_us"][op.out]
+        labels = [label for _, label in timed]
+        assert [us for us, _ in timed] == sorted(us for us, _ in timed)
+        assert {tune.tile_label(t) for t in candidates(op, ctx)} <= set(labels), op.out
+        assert timed[0][0] == pytest.approx(rec["op_us"][op.out]["tuned"], abs=5e-4)
+
+
+def doc_meta(doc):
+    """A tuning file's fields but its tiles and format: what tune() recorded."""
+    return {k: v for k, v in doc.items() if k not in ("tiles", "format")}
+
+
 def calls_timed(ms):
     """A stand-in for tune.time_calls: the whole call's ms per tile set as given, eps all ones."""
     def fake(weights, precision, batch, backend, calls, *a, **k):
