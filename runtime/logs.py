@@ -69,3 +69,16 @@ def captured(name: str = NAME, level: int = logging.INFO) -> Iterator[List[str]]
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old)
+
+
+@contextlib.contextmanager
+def muted(name: str, below: int = logging.WARNING) -> Iterator[None]:
+    """The records of logger `name` under level `below` dropped while the block runs: a tool that
+    builds many executors of one kind (jetson-tune's rounds) says what their notice would once."""
+    logger = logging.getLogger(name)
+    old = logger.level
+    logger.setLevel(max(below, logger.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        logger.setLevel(old)

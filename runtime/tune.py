@@ -20,7 +20,8 @@ to 8.21 us as a 32x64 tile unsplit, where the built-in rule splits it in two and
 won the tile round). One line says on how many ops split-K won and how near its best came on the
 others (the file's "variant_us"). Last, the whole call is timed as a graph replay with the built-in
 tiles, the tuned ones and the tiles in use (the file this run would replace, else the one the
-executor finds: an earlier tune, or the shipped default for this GPU), in turns, three rounds, and
+executor finds: an earlier tune, the shipped default for this GPU, or a neighbouring batch's file
+as this batch runs it), in turns, three rounds, and
 the fastest is what the file holds: the tuned tiles, or the built-in ones, or nothing written where
 the tiles in use win (tiles that each time faster alone can run the call slower). The eps of the
 chosen tiles is compared with the built-in ones' (relative L2; the tiles change the summation order
@@ -40,6 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from jetson_unet import logs
 from jetson_unet.backends import get_backend
 from jetson_unet.bench.timing import bench_weights, per_op_times, timed
 from jetson_unet.cli import _Parser, _run, add_verbosity, number, set_verbosity
@@ -59,6 +61,7 @@ PROG = "jetson-tune"
 # one NVRTC compile of an ~18-kernel module peaked at ~200 MB (pip NVRTC 12, x86-64): twice that, and more
 SHARD_BYTES = 512 << 20
 CALL_ROUNDS = 3   # whole-call timings per tile set, alternated (time_calls)
+POLICY_LOG = "jetson_unet.ops.policy"   # where executors say which tiles they run
 
 
 def graph_ms(ex: GpuExecutor, backend: Any, x: np.ndarray, iters: int = 100) -> float:
@@ -71,23 +74,24 @@ def graph_ms(ex: GpuExecutor, backend: Any, x: np.ndarray, iters: int = 100) -> 
     return timed(backend, s, lambda: g.launch(s), 20, iters, 3)
 
 
-def time_calls(weights: Any, precision: str, batch: int, backend: Any, calls: Dict[str, Any], extra: Sequence[Any],
-               shards: int, memo: Dict[Any, Any],
+def time_calls(weights: Any, precision: str, batch: int, backend: Any, calls: Dict[str, KernelPolicy],
+               extra: Sequence[Any], shards: int, memo: Dict[Any, Any],
                rounds: int = CALL_ROUNDS) -> Tuple[Dict[str, float], Dict[str, np.ndarray]]:
-    """({label: median ms per call}, {label: eps}) of each tile set (a KernelPolicy tiles value), the
-    labels taking turns for `rounds` rounds, each round a fresh executor: per-op picks can lose as a
-    whole call (code size, L2), and one timing of one executor carries a percent of noise."""
+    """({label: median ms per call}, {label: eps}) of each policy's tiles, the labels taking turns for
+    `rounds` rounds, each round a fresh executor: per-op picks can lose as a whole call (code size,
+    L2), and one timing of one executor carries a percent of noise."""
     cfg = weights.config
     x = np.random.default_rng(0).standard_normal((batch, cfg.channels, cfg.image_size, cfg.image_size)).astype(np.float32)
     ms: Dict[str, List[float]] = {k: [] for k in calls}
     eps: Dict[str, np.ndarray] = {}
-    for _ in range(rounds):
-        for label, tiles in calls.items():
-            with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=KernelPolicy(tiles=tiles),
-                             extra_keys=extra, shards=shards, memo=memo) as ex:
-                ms[label].append(graph_ms(ex, backend, x))
-                if label not in eps:
-                    eps[label] = ex.eps(x, 50)
+    with logs.muted(POLICY_LOG):   # which tiles each runs: settle_file says so once
+        for _ in range(rounds):
+            for label, policy in calls.items():
+                with GpuExecutor(weights, precision, batch=batch, backend=backend, policy=policy,
+                                 extra_keys=extra, shards=shards, memo=memo) as ex:
+                    ms[label].append(graph_ms(ex, backend, x))
+                    if label not in eps:
+                        eps[label] = ex.eps(x, 50)
     return {k: float(np.median(v)) for k, v in ms.items()}, eps
 
 
@@ -223,10 +227,13 @@ def settle_file(weights: Any, precision: str, batch: int, backend: Any, tiles: D
     can lose as a whole call: on the H200 a batch-64 re-tune picked 29 tiles that each timed faster
     alone and ran the call in 2.024 / 2.027 ms against the shipped file's 2.018 / 2.018 (2026-11-29)."""
     cfg, device, sms = weights.config, meta["device"], meta["sms"]
-    in_use = find_tiles(cfg, device, sms, precision, batch, [out_dir, *tiles_dirs()])
-    calls: Dict[str, Any] = {"built-in": BUILTIN, "tuned": tiles}
+    dirs = [out_dir, *tiles_dirs()]
+    in_use = find_tiles(cfg, device, sms, precision, batch, dirs)   # this batch's file, or its neighbour's
+    calls = {"built-in": KernelPolicy(tiles=BUILTIN), "tuned": KernelPolicy(tiles=tiles)}
     if in_use is not None:
-        calls["in use"] = in_use[1]
+        calls["in use"] = KernelPolicy(tile_dirs=dirs)   # as the executor runs them (a neighbour's: at its batch)
+        which = "" if in_use[2] == batch else f" (batch {in_use[2]}'s tiles, which batch {batch} runs without a file)"
+        print(f"b{batch} {precision}: tiles in use {in_use[0]}{which}", flush=True)
     ms, eps = time_calls(weights, precision, batch, backend, calls, extra, shards, memo)
     chosen = min(ms, key=lambda k: ms[k])
     base = eps["built-in"]

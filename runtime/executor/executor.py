@@ -135,9 +135,10 @@ class GpuExecutor:
         self.plan = build_plan(self.config)
         self._bufs: List[Any] = []
         sms = policy.device_sms(self.backend)
-        tiles, self.tiles_from = policy.resolve(self.config, self.backend.device_name(), sms, precision, self.batch)
+        tiles, self.tiles_from, self.tile_batch = policy.resolve(self.config, self.backend.device_name(), sms,
+                                                                 precision, self.batch)
         ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=tiles,
-                  memo={} if memo is None else memo)
+                  memo={} if memo is None else memo, tile_batch=self.tile_batch)
         self.specs: List[OpSpec] = [op_spec(op, ctx) for op in self.plan.ops if op.kind != CAT]
         # Sizes first (jetson_unet.executor.memory, shared with `jetson-sample --plan-only`): a batch that
         # does not fit is refused before any compile, pinned staging or upload.

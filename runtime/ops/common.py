@@ -108,7 +108,8 @@ class Ctx:
     batch: int
     sms: int
     views: Mapping[str, Tuple[int, int]]       # tensor -> (ld, channel offset in its root)
-    tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch)
+    tile_batch: Optional[int] = None           # batch the tiles are chosen for (None: batch; else a
+                                               # neighbouring tuning file's, or the module grid's)
     extra_keys: List[Any] = field(default_factory=list)
     tiles: Mapping[str, "TileChoice"] = field(default_factory=dict)       # op.out -> measured tile
     # what `memoized` derived from these params (packed weights, module keys): a caller that builds many

@@ -1,7 +1,8 @@
 """How the GPU executor picks its kernels: one object, passed from the Pipeline (or a CLI) down to
 the executor. Nothing below it reads the environment or decides on its own.
 
-    KernelPolicy()                            # the tuning file measured for this GPU, else the built-in tiles
+    KernelPolicy()                            # the tuning file measured for this GPU and batch (else a
+                                              # neighbouring batch's), else the built-in tiles
     KernelPolicy(tiles="builtin")             # the built-in tile rules (jetson_unet.ops.tiles)
     KernelPolicy(tiles="tiles-orin.json")     # that tuning file (refused unless made for this run)
     KernelPolicy(sms=8)                       # tiles chosen for 8 SMs (a green-context slice of a larger GPU)
@@ -17,7 +18,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from jetson_unet.errors import UsageError
 from jetson_unet.ops.common import TileChoice
-from jetson_unet.ops.tuning import builtin_tiles_notice, find_tiles, load_tiles, tile_files
+from jetson_unet.ops.tuning import (builtin_tiles_notice, find_tiles, load_tiles, neighbour_tiles_notice,
+                                    tile_files)
 
 log = logging.getLogger(__name__)
 BUILTIN = "builtin"
@@ -38,21 +40,27 @@ class KernelPolicy:
         return int(self.sms) if self.sms else int(backend.sm_count())
 
     def resolve(self, config: Any, device: str, sms: int, precision: str,
-                batch: int) -> Tuple[Dict[str, TileChoice], Optional[str]]:
-        """(the tiles, where they come from): {} are the built-in tiles (source None); a tuning file's
-        path; "given" for a mapping."""
+                batch: int) -> Tuple[Dict[str, TileChoice], Optional[str], Optional[int]]:
+        """(the tiles, where they come from, the batch they were measured at): {} are the built-in
+        tiles (source None); a tuning file's path; "given" for a mapping. The batch is None but where
+        a neighbouring batch's file stands in (ops.tuning.find_tiles): the run then takes every rule
+        as at that batch (Ctx.tile_batch)."""
         t = self.tiles
         if t is None:
             found = find_tiles(config, device, sms, precision, batch, self.tile_dirs)
-            if found:
-                return found[1], str(found[0])
-            log.info(builtin_tiles_notice(device, sms, precision, batch))
-            return {}, None
+            if found is None:
+                log.info(builtin_tiles_notice(device, sms, precision, batch))
+                return {}, None, None
+            path, tiles, measured = found
+            if measured == batch:
+                return tiles, str(path), None
+            log.info(neighbour_tiles_notice(device, sms, precision, batch, measured))
+            return tiles, str(path), measured
         if isinstance(t, str) and t == BUILTIN:
-            return {}, None
+            return {}, None, None
         if isinstance(t, (str, Path)):
-            return load_tiles(Path(t), precision, batch, sms, config), str(t)
-        return dict(t), ("given" if t else None)
+            return load_tiles(Path(t), precision, batch, sms, config), str(t), None
+        return dict(t), ("given" if t else None), None
 
     def module_tiles(self, config: Any, sms: int, precision: str) -> List[Tuple[int, Dict[str, TileChoice]]]:
         """(batch, tiles) of the tuning files in this policy's folders for this SM count and precision,

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from jetson_unet.errors import ConfigError
 from jetson_unet.files import atomic_open
@@ -217,10 +218,10 @@ def tiles_dirs() -> List[Path]:
     return [user_tiles_dir(), SHIPPED]
 
 
-def file_name(device: str, sms: int, precision: str, batch: int) -> str:
-    """The tuning file's name; device "*": the glob of every device's file of that kind."""
+def file_name(device: str, sms: int, precision: str, batch: Union[int, str]) -> str:
+    """The tuning file's name; device or batch "*": the glob of every device's or batch's file."""
     slug = "*" if device == "*" else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
-    return f"tiles-{slug}-{int(sms)}sm-{precision}-b{int(batch)}.json"
+    return f"tiles-{slug}-{int(sms)}sm-{precision}-b{batch if batch == '*' else int(batch)}.json"
 
 
 def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> str:
@@ -231,20 +232,74 @@ def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> s
             "(a few minutes)")
 
 
+# a neighbouring batch's file stands in where both batches give the GPU at least one image per
+# NEIGHBOUR_SMS_PER_IMAGE SMs: there the call is compute-bound and an op's fastest tile hardly moves with
+# the batch. H200, one call as a graph replay against the built-in tiles (docs/kernels.md, "Measured
+# tiles"): on 8 SMs the batch-4 and batch-16 files won at batch 2 to 32 (1-11%); on 132 SMs the
+# batch-16 and batch-64 files won at 24, 32 and 128 (8-18%), and the batch-1 and batch-16 files lost at
+# batch 4 (17-21%) and 8 (1-48%), where a whole GPU's grids are a few waves deep.
+NEIGHBOUR_SMS_PER_IMAGE = 10
+
+
+def neighbour_batch(batch: int, measured: Sequence[int], sms: int) -> Optional[int]:
+    """The measured batch whose tuning file a run of `batch` takes: its own, else the nearest in
+    octaves (the larger on a tie) among those where both batches are compute-bound
+    (NEIGHBOUR_SMS_PER_IMAGE); None where none is."""
+    def compute_bound(b: int) -> bool:
+        return NEIGHBOUR_SMS_PER_IMAGE * b >= sms
+    if batch in measured:
+        return batch
+    if not compute_bound(batch):
+        return None
+    near = [b for b in set(measured) if compute_bound(b)]
+    return min(near, key=lambda b: (abs(math.log2(b / batch)), -b)) if near else None
+
+
+def neighbour_tiles_notice(device: str, sms: int, precision: str, batch: int, measured: int) -> str:
+    """What the executor says when a neighbouring batch's file stands in for this batch's."""
+    return (f"no measured tiles for {device} ({sms} SMs), {precision}, batch {batch}: those of batch {measured}; "
+            f"`jetson-tune --precision {precision} --batch {batch}` measures this batch's once (a few minutes)")
+
+
 def find_tiles(config: Any, device: str, sms: int, precision: str, batch: int,
-               dirs: Optional[Sequence[Path]] = None) -> Optional[Tuple[Path, Dict[str, TileChoice]]]:
-    """The first tuning file for this (device, SMs, precision, batch) whose config matches, or None.
-    A file that exists but does not fit (another config, corrupt) is skipped, not fatal: the
-    built-in tiles always work."""
+               dirs: Optional[Sequence[Path]] = None) -> Optional[Tuple[Path, Dict[str, TileChoice], int]]:
+    """(path, tiles, the batch they were measured at) of the first tuning file for this (device, SMs,
+    precision, batch) whose config matches; else those of the neighbouring batch's file
+    (neighbour_batch), which the run then takes as it was measured (every rule at that batch:
+    Ctx.tile_batch); else None. A file that exists but does not fit (another config, corrupt) is
+    skipped, not fatal: the built-in tiles always work."""
+    dirs = tiles_dirs() if dirs is None else dirs
     name = file_name(device, sms, precision, batch)
-    for d in tiles_dirs() if dirs is None else dirs:
+    for d in dirs:
         path = Path(d) / name
         if path.is_file():
             try:
-                return path, load_tiles(path, precision, batch, sms, config)
+                return path, load_tiles(path, precision, batch, sms, config), int(batch)
             except ConfigError:
                 continue
-    return None
+    files = {b: (path, tiles) for b, path, tiles in usable_files(config, file_name(device, sms, precision, "*"),
+                                                                  sms, precision, dirs)}
+    near = neighbour_batch(batch, list(files), sms)
+    return None if near is None else (files[near][0], files[near][1], near)
+
+
+def usable_files(config: Any, pattern: str, sms: int, precision: str,
+                 dirs: Sequence[Path]) -> List[Tuple[int, Path, Dict[str, TileChoice]]]:
+    """(batch, path, tiles) of each tuning file matching `pattern` in `dirs` that fits this SM count,
+    precision and config, the first folder winning per file name."""
+    out: List[Tuple[int, Path, Dict[str, TileChoice]]] = []
+    seen = set()
+    for d in dirs:
+        for path in sorted(Path(d).glob(pattern)):
+            if path.name in seen:
+                continue
+            seen.add(path.name)
+            try:
+                batch = int(path.stem.rsplit("-b", 1)[1])
+                out.append((batch, path, load_tiles(path, precision, batch, sms, config)))
+            except (ConfigError, ValueError):
+                continue
+    return out
 
 
 def tile_files(config: Any, sms: int, precision: str,
@@ -252,17 +307,8 @@ def tile_files(config: Any, sms: int, precision: str,
     """(batch, tiles) of every usable tuning file of this SM count, precision and config in the tile
     folders, whatever its device and batch, the first folder winning per file name as in find_tiles.
     Their tiles join the module of every run of that SM count and precision (ops.specs.all_tile_keys),
-    so a batch size with a file of its own compiles nothing of its own."""
-    out: List[Tuple[int, Dict[str, TileChoice]]] = []
-    seen = set()
-    for d in tiles_dirs() if dirs is None else dirs:
-        for path in sorted(Path(d).glob(f"tiles-*-{int(sms)}sm-{precision}-b*.json")):
-            if path.name in seen:
-                continue
-            seen.add(path.name)
-            try:
-                batch = int(path.stem.rsplit("-b", 1)[1])
-                out.append((batch, load_tiles(path, precision, batch, sms, config)))
-            except (ConfigError, ValueError):
-                continue
-    return out
+    so a batch size with a file of its own, or running its neighbour's (find_tiles), compiles nothing
+    of its own."""
+    files = usable_files(config, file_name("*", sms, precision, "*"), sms, precision,
+                         tiles_dirs() if dirs is None else dirs)
+    return [(b, tiles) for b, _path, tiles in files]

@@ -26,7 +26,7 @@ from jetson_unet.model.weights import load_weights
 from jetson_unet.ops.common import Ctx
 from jetson_unet.ops.keys import SimpleKey
 from jetson_unet.ops.specs import all_tile_keys, op_key
-from jetson_unet.ops.tuning import tile_files
+from jetson_unet.ops.tuning import find_tiles, tile_files
 from jetson_unet.paths import shipped_cubins_dir, shipped_tiles_dir
 from jetson_unet.pipeline import default_weights_path
 from tools import build_kernels
@@ -129,19 +129,46 @@ def test_every_gpu_and_batch_asks_for_a_shipped_module(weights, planned):
                 assert (arch, precision, source(precision, sms)) in shipped, (arch, precision, sms)
 
 
+def test_every_batch_a_shipped_tuning_file_serves_stays_in_its_module(weights):
+    """A batch without a file of its own that runs a neighbouring batch's shipped file (at that
+    batch's rules: Ctx.tile_batch) asks for no kernel outside the module of its SM count."""
+    plan = build_plan(weights.config)
+    views = view_layout(plan)
+    ops = [op for op in plan.ops if op.kind != CAT]
+    shipped = shipped_tiles_dir()
+    devices = {tuple(p.stem.split("-fp16-")[0].rsplit("-", 1)) for p in shipped.glob("tiles-*-fp16-b*.json")}
+    served = 0
+    for slug, count in sorted(devices):
+        sms = int(count[:-2])
+        tuned = tile_files(weights.config, sms, "fp16", (shipped,))
+        keys = set(all_tile_keys(Ctx(plan, weights.params, "fp16", 1, sms, views), tuned))
+        for b in (1, 2, 3, 5, 8, 12, 16, 24, 32, 48, 64, 128):
+            found = find_tiles(weights.config, slug[len("tiles-"):], sms, "fp16", b, (shipped,))
+            if found is None:
+                continue
+            ctx = Ctx(plan, weights.params, "fp16", b, sms, views, tiles=found[1], tile_batch=found[2])
+            own = {op_key(op, ctx) for op in ops}
+            assert own <= keys, f"{slug} batch {b}: {sorted(k.symbol for k in own - keys)}"
+            served += found[2] != b
+    assert served > 20
+
+
 @pytest.mark.parametrize("arch, sms, device", [(90, 132, "NVIDIA H100 80GB HBM3"), (87, 8, "Orin")])
 def test_a_run_loads_the_shipped_module_and_compiles_nothing(weights, tmp_path, monkeypatch, arch, sms, device):
-    """Batch 1 and 16 on an H100 (each with its own tuning file) and on an Orin Nano: one shipped module."""
+    """Batch 1, 2 and 16 on an H100 (1 and 16 with their own tuning files, 2 with the built-in tiles)
+    and on an Orin Nano (its batch-1 file, then the batch-4 file standing in): one shipped module."""
     monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path))
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path / "no-user-tiles"))   # the shipped tuning files only
     nv = cupy_nvrtc(monkeypatch)
     be = CubinBackend(arch=arch)
     be._sms, be.device_name = sms, lambda: device
     tiles = []
-    for batch in (1, 16):                      # one module loaded, then kept in memory for every batch size
+    for batch in (1, 2, 16):                   # one module loaded, then kept in memory for every batch size
         with GpuExecutor(weights, "fp16", batch=batch, backend=be) as ex:
-            tiles.append(ex.tiles_from and Path(ex.tiles_from).name)
-    assert arch != 90 or tiles == [f"tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b{b}.json" for b in (1, 16)]
+            tiles.append((ex.tiles_from and Path(ex.tiles_from).name, ex.tile_batch))
+    name = "tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b{}.json" if arch == 90 else "tiles-orin-8sm-fp16-b{}.json"
+    assert tiles == ([(name.format(1), None), (None, None), (name.format(16), None)] if arch == 90 else
+                     [(name.format(1), None), (name.format(4), 4), (name.format(4), 4)])
     assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1, REBUILD
     assert be.loads[0].parent == shipped_cubins_dir() and not list(tmp_path.rglob("*.cubin"))
 

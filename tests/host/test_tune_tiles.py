@@ -126,7 +126,8 @@ def test_tuner_picks_the_cheapest_tile_and_the_executor_uses_it(weights, tmp_pat
         assert ex.tiles_from == str(path)
         launched = {L.name: L for L in ex.launches}
     with GpuExecutor(weights, "fp16", batch=3, backend=FakeBackend(sms=8)) as ex:
-        assert ex.tiles_from is None                     # no file for batch 3: the built-in tiles
+        assert ex.tiles_from == str(path) and ex.tile_batch == 2   # no file for batch 3: batch 2's, as at 2
+        assert {L.name: L.fn.symbol for L in ex.launches} == {n: L.fn.symbol for n, L in launched.items()}
     for op in tuned_ops:
         t = tiles[op.out]
         assert f"_{t.bm}x{t.bn}x{t.bk}_{t.wm}x{t.wn}_" in launched[op.out].fn.symbol
@@ -285,11 +286,23 @@ def test_whole_call_timings_alternate_fresh_executors(weights, monkeypatch):
     plan = build_plan(weights.config)
     ctx = Ctx(plan, weights.params, "fp16", 2, 8, view_layout(plan))
     builtin = {op.out: candidates(op, ctx)[0] for op in plan.ops if tunable(op, ctx)}
-    calls = {"built-in": "builtin", "tuned": builtin, "in use": dict(builtin)}
+    calls = {"built-in": KernelPolicy(tiles="builtin"), "tuned": KernelPolicy(tiles=builtin),
+             "in use": KernelPolicy(tiles=dict(builtin))}
     ms, eps = tune.time_calls(weights, "fp16", 2, fake, calls, [], 1, {}, rounds=3)
     assert order == [None, "given", "given"] * 3
     assert ms == {"built-in": 3.0, "tuned": 1.0, "in use": 2.0}
     assert set(eps) == set(calls) and all(e.shape == (2, 3, 64, 64) for e in eps.values())
+
+
+def test_whole_call_timings_do_not_repeat_the_executors_tile_notice(weights, tmp_path, monkeypatch, notes):
+    """Each round's executor would say which tiles it runs (here: none measured); the tuner says it
+    once itself, so time_calls drops those notices, and only while it runs."""
+    monkeypatch.setattr(tune, "graph_ms", lambda ex, backend, x, iters=100: 1.0)
+    calls = {"in use": KernelPolicy(tile_dirs=[tmp_path])}
+    tune.time_calls(weights, "fp16", 2, TimedFake(), calls, [], 1, {}, rounds=3)
+    assert notes == []
+    GpuExecutor(weights, "fp16", batch=2, backend=TimedFake(), policy=calls["in use"]).close()
+    assert len(notes) == 1 and notes[0].startswith("no measured tiles for fake (8 SMs), fp16, batch 2")
 
 
 def test_top_shapes_takes_the_fastest_variant_of_each_shape():
@@ -381,8 +394,49 @@ def test_find_tiles_skips_a_file_of_another_config(weights, tmp_path):
     assert find_tiles(weights.config, "fake", 8, "fp16", 1, dirs=[tmp_path]) is None
     dump_tiles(path, t, dict(meta, config=weights.config.to_dict()))
     found = find_tiles(weights.config, "fake", 8, "fp16", 1, dirs=[tmp_path])
-    assert found == (path, t)
+    assert found == (path, t, 1)
     assert find_tiles(weights.config, "fake", 8, "bf16", 1, dirs=[tmp_path]) is None
+
+
+@pytest.mark.parametrize("sms, measured, want", [
+    # 8 SMs: every batch is compute-bound; the nearest in octaves, the larger on a tie
+    (8, (1, 4), {1: 1, 2: 4, 3: 4, 8: 4, 16: 4, 128: 4}),
+    (8, (1, 4, 16), {2: 4, 8: 16, 6: 4, 32: 16}),
+    # 132 SMs: below 14 images a whole GPU is wave-bound and a neighbour's file lost (4, 8): none
+    (132, (1, 16, 64), {1: 1, 2: None, 4: None, 8: None, 13: None, 14: 16, 24: 16, 32: 64, 128: 64}),
+    (132, (1,), {2: None, 64: None}),
+    (8, (), {1: None, 4: None}),
+])
+def test_a_batch_without_a_file_takes_its_nearest_neighbours_where_both_are_compute_bound(sms, measured, want):
+    from jetson_unet.ops.tuning import neighbour_batch
+    assert {b: neighbour_batch(b, measured, sms) for b in want} == want
+
+
+def test_find_tiles_falls_back_to_a_neighbouring_batch_of_the_same_gpu(weights, tmp_path):
+    """Another GPU's file, or one of another SM count, never stands in; this GPU's own file does,
+    from either folder, the first folder winning per file name."""
+    from jetson_unet.ops.tuning import dump_tiles, file_name, find_tiles
+    t1 = {"downs.0.block1.conv1": TileChoice(32, 32, 2, 2, 64, 3, 0)}
+    t4 = {"downs.0.block1.conv1": TileChoice(64, 32, 2, 2, 64, 3, 0)}
+    user, shipped = tmp_path / "user", tmp_path / "shipped"
+    for d in (user, shipped):
+        d.mkdir()
+
+    def put(folder, device, sms, batch, tiles):
+        meta = {"device": device, "sms": sms, "precision": "fp16", "batch": batch, "config": weights.config.to_dict()}
+        dump_tiles(folder / file_name(device, sms, "fp16", batch), tiles, meta)
+        return folder / file_name(device, sms, "fp16", batch)
+
+    put(shipped, "other", 8, 4, t4)
+    put(shipped, "fake", 16, 4, t4)
+    assert find_tiles(weights.config, "fake", 8, "fp16", 2, dirs=[user, shipped]) is None
+    b1 = put(user, "fake", 8, 1, t1)
+    assert find_tiles(weights.config, "fake", 8, "fp16", 2, dirs=[user, shipped]) == (b1, t1, 1)
+    b4 = put(shipped, "fake", 8, 4, t4)
+    assert find_tiles(weights.config, "fake", 8, "fp16", 2, dirs=[user, shipped]) == (b4, t4, 4)
+    assert find_tiles(weights.config, "fake", 8, "fp16", 1, dirs=[user, shipped]) == (b1, t1, 1)
+    put(user, "fake", 8, 4, t1)                      # the user's batch-4 file comes first
+    assert find_tiles(weights.config, "fake", 8, "fp16", 16, dirs=[user, shipped]) == (user / b4.name, t1, 4)
 
 
 def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
@@ -407,8 +461,9 @@ def test_shipped_tiles_past_48_kb_launch_with_the_smem_opt_in(weights):
     CTAs per sm_87 SM."""
     kinds = set()
     for path in sorted(SHIPPED.glob("tiles-*-b16.json")):
-        tiles = load_tiles(path, "fp16", 16, 132, weights.config)
-        with GpuExecutor(weights, "fp16", batch=16, backend=FakeBackend(sms=132),
+        sms = json.loads(path.read_text())["sms"]
+        tiles = load_tiles(path, "fp16", 16, sms, weights.config)
+        with GpuExecutor(weights, "fp16", batch=16, backend=FakeBackend(sms=sms),
                          policy=KernelPolicy(tiles=tiles)) as ex:
             launched = {L.name: L for L in ex.launches}
             src = ex.kernels.source
@@ -458,7 +513,7 @@ def test_tile_variant_rounds_launch_the_kind_they_test(kind):
 def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_path, monkeypatch, notes):
     """The tile files are named after the GPU: one that has none (every Jetson until jetson-tune runs
     there) runs the built-in tiles, and the executor says so, with the command that measures them;
-    with a file, nothing."""
+    with a file, nothing; with a neighbouring batch's file, which batch's tiles run."""
     from jetson_unet.ops.tuning import file_name
 
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path))
@@ -473,6 +528,10 @@ def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_p
     said.clear()
     ex = GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8))
     assert ex.tiles_from == str(tmp_path / file_name("fake", 8, "fp16", 2)) and said == []
+    ex = GpuExecutor(weights, "fp16", batch=3, backend=FakeBackend(sms=8))   # its neighbour's, said so
+    assert ex.tiles_from == str(tmp_path / file_name("fake", 8, "fp16", 2)) and ex.tile_batch == 2
+    assert said == ["no measured tiles for fake (8 SMs), fp16, batch 3: those of batch 2; "
+                    "`jetson-tune --precision fp16 --batch 3` measures this batch's once (a few minutes)"]
 
 
 def heuristic(weights, batch: int, sms: int, precision: str = "fp16"):

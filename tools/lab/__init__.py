@@ -3,8 +3,8 @@
 kernels removed, another revision's kernels or an environment setting), `gemm_ceiling` (our GEMM
 convs against cuBLAS, cuDNN and Triton on the same shapes), `ncu_ops` (chosen launches inside an
 NVTX range for Nsight Compute), `roofline` (FLOP and byte floors of every op, measured against
-this GPU, and the Orin Nano prediction), `mma_peak` (the `mma.sync` issue rate) and `ring_stream`
-(what a `cp.async` ring feeds from L2).
+this GPU, and the Orin Nano prediction), `mma_peak` (the `mma.sync` issue rate), `ring_stream`
+(what a `cp.async` ring feeds from L2) and `neighbour_tiles` (another batch's tuning file at a batch).
 """
 from __future__ import annotations
 

@@ -1,0 +1,89 @@
+"""What another batch's tuning file does at a batch: the whole call as a graph replay with the
+built-in tiles and with each named batch's file of this GPU, three rounds in turns (jetson-tune's
+whole-call timing), one process and one module for all.
+
+    python -m tools.lab.neighbour_tiles --sms 8 --batch 8 --files 4 16    # on an 8-SM slice
+    python -m tools.lab.neighbour_tiles --batch 4 --files 1 16            # on the whole GPU
+
+Each file runs as a run without a file of its own runs it (jetson_unet.ops.tuning.find_tiles: every
+rule at the file's batch), found alone in a scratch folder; where the neighbour rule would not take it
+(ops.tuning.neighbour_batch), its tiles run as this batch's own ("as b<batch>": split-K and the
+untuned ops follow the batch). What the rule's threshold rests on (docs/kernels.md, "Measured tiles").
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from jetson_unet.bench.timing import bench_weights
+from jetson_unet.model.arena import view_layout
+from jetson_unet.model.plan import CAT, build_plan
+from jetson_unet.ops.common import Ctx
+from jetson_unet.ops.policy import BUILTIN, KernelPolicy
+from jetson_unet.ops.specs import all_tile_keys, op_key
+from jetson_unet.ops.tuning import file_name, find_tiles, neighbour_batch, tile_files
+from jetson_unet.tune import build_shards, time_calls
+from tools.lab import cupy_backend
+
+PRECISION = "fp16"
+
+
+def policies(weights, device: str, sms: int, batch: int, files: List[int], scratch: Path) -> Dict[str, KernelPolicy]:
+    """{label: policy}: the built-in tiles, then each file as a neighbour (or as this batch's own)."""
+    out = {"built-in": KernelPolicy(tiles=BUILTIN, sms=sms)}
+    for b in files:
+        found = find_tiles(weights.config, device, sms, PRECISION, b)
+        if found is None or found[2] != b:
+            raise SystemExit(f"neighbour_tiles: no tuning file for {device} ({sms} SMs), {PRECISION}, batch {b}")
+        if neighbour_batch(batch, [b], sms) == b:
+            folder = scratch / f"b{b}"
+            folder.mkdir()
+            shutil.copy(found[0], folder / file_name(device, sms, PRECISION, b))
+            out[f"b{b}'s file"] = KernelPolicy(tile_dirs=[folder], sms=sms)
+        else:
+            out[f"b{b}'s file as b{batch}"] = KernelPolicy(tiles=found[1], sms=sms)
+    return out
+
+
+def module_keys(weights, sms: int, batch: int, calls: Dict[str, KernelPolicy], device: str) -> List:
+    """Every key of every variant and of every tuning file: one module text for all executors."""
+    plan = build_plan(weights.config)
+    views = view_layout(plan)
+    keys = set(all_tile_keys(Ctx(plan, weights.params, PRECISION, batch, sms, views),
+                             tile_files(weights.config, sms, PRECISION)))
+    for p in calls.values():
+        tiles, _src, tile_batch = p.resolve(weights.config, device, sms, PRECISION, batch)
+        ctx = Ctx(plan, weights.params, PRECISION, batch, sms, views, tiles=tiles, tile_batch=tile_batch)
+        keys.update(op_key(op, ctx) for op in plan.ops if op.kind != CAT)
+    return sorted(keys, key=lambda k: k.symbol)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.lab.neighbour_tiles", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, required=True, help="the batch timed")
+    ap.add_argument("--files", type=int, nargs="+", required=True, help="the batches whose tuning files run there")
+    ap.add_argument("--sms", type=int, default=None, help="on a slice of N SMs (a CUDA green context)")
+    args = ap.parse_args(argv)
+    backend = cupy_backend("neighbour_tiles", args.sms)
+    if backend is None:
+        return 2
+    weights, _ = bench_weights()
+    device, sms = backend.device_name(), backend.sm_count()
+    with tempfile.TemporaryDirectory() as scratch:
+        calls = policies(weights, device, sms, args.batch, args.files, Path(scratch))
+        keys = module_keys(weights, sms, args.batch, calls, device)
+        ms, _eps = time_calls(weights, PRECISION, args.batch, backend, calls, keys, build_shards(), {})
+    base = ms["built-in"]
+    print(f"{device}, {sms} SMs, {PRECISION} batch {args.batch}, one call as a graph replay, median of 3 rounds:")
+    for label, v in ms.items():
+        print(f"  {label:24s} {v:8.3f} ms  {100.0 * (v / base - 1.0):+6.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
