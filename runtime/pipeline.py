@@ -2,8 +2,9 @@
 
     from jetson_unet import Pipeline
     with Pipeline(backend="auto") as pipe:             # the shipped model (or a path, or loaded Weights)
-        pipe.load(batch=4)                             # optional: pay the GPU start-up now (at boot)
+        pipe.load(batch=[1, 4])                        # optional: pay the GPU start-up now (at boot)
         images = pipe.sample(batch=4, seed=1)          # (4, 64, 64, 3) uint8
+        three = pipe.sample(batch=3, seed=9)           # on the batch-4 engine, one row padded
 
 `sample` calls on one Pipeline from several threads are serialized by a lock (each call runs to
 completion in turn; results never mix). A callback `cb(step, n_steps)` sees progress and may raise
@@ -13,7 +14,12 @@ Every argument is checked here, at the API's edge, before any work: a wrong type
 jetson_unet.errors.UsageError with one line naming the parameter (the CLIs' exit code 2). On the
 NumPy backend a batch that does not fit the host's available memory is refused (ArenaError, with the
 largest batch that fits), as the GPU path refuses one that does not fit the device. A CUDA error or
-an out-of-memory while sampling on the GPU frees the engine and raises one GpuRunError line.
+an out-of-memory while sampling on the GPU frees the engines and raises one GpuRunError line.
+
+Engines (GPU): one per batch size that load() named, kept; a sample() of n images runs on the smallest
+of them that holds n, its missing rows padded (each image depends on its own seed only, so the rows
+returned are the images of their seeds). A sample() larger than every loaded size builds an engine of
+its own size, kept until another such call replaces it.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import reprlib
 import threading
 from pathlib import Path
 from collections.abc import Iterable
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -112,6 +118,16 @@ def _seeds(seed: Any, seeds: Any, batch: Any) -> Tuple[int, Union[int, List[int]
     return len(seeds), seeds
 
 
+def _batch_sizes(batch: Any) -> Tuple[int, ...]:
+    """load()'s batch: one size or a sequence of them, as a sorted tuple without repeats."""
+    if isinstance(batch, (str, bytes)) or not isinstance(batch, Iterable):
+        return (_integer("batch", batch, 1),)
+    sizes = sorted({_integer("batch", b, 1) for b in batch})
+    if not sizes:
+        raise UsageError("batch must name at least one batch size")
+    return tuple(sizes)
+
+
 def default_weights_path() -> Path:
     """The shipped model (package data `jetson_unet.models`, i.e. the repo's weights/ folder)."""
     from jetson_unet.paths import models_dir
@@ -152,7 +168,9 @@ class Pipeline:
         self.weights = weights if isinstance(weights, Weights) else load_weights(weights or default_weights_path())
         self.config = self.weights.config
         self._lock = threading.Lock()
-        self._engine: Any = None
+        self._engine: Any = None     # the NumPy reference (numpy backend)
+        self._engines: Dict[int, Any] = {}   # batch size -> GpuSampler
+        self._sizes: Tuple[int, ...] = ()    # the batch sizes load() named: their engines are kept
         self._stream: Any = None   # one compute stream for every GpuSampler of this Pipeline
         self._closed = False
         self.backend, self.precision = self._open_engine(backend, precision)
@@ -184,38 +202,60 @@ class Pipeline:
         self._engine = Reference(self.weights, NUMPY_PRECISIONS[np_precision])
         return "numpy", np_precision
 
+    @property
+    def loaded(self) -> Tuple[int, ...]:
+        """The batch sizes with a GPU engine built, ascending (empty on numpy)."""
+        return tuple(sorted(self._engines))
+
+    def _engine_batch(self, batch: int) -> int:
+        """The engine a batch runs on: the smallest loaded size that holds it, else its own."""
+        return next((size for size in self._sizes if size >= batch), batch)
+
     def _gpu_sampler(self, batch: int):
-        """One GpuSampler kept per batch size (its arena, graph and tables are reused)."""
-        if self._engine is None or self._engine.batch != batch:
-            self._drop_engine()
+        """The GpuSampler of this batch size, built if need be (its arena, graph and tables are
+        reused); building one drops the engine of any size load() did not name."""
+        engine = self._engines.get(batch)
+        if engine is None:
+            self._drop_engines(keep=self._sizes)
             from jetson_unet.backends import get_backend
             from jetson_unet.sampling.gpu import GpuSampler
             be = get_backend(self.backend, self.sms)
             if self._stream is None:   # kept across batch sizes (GpuSampler's stream argument says why)
                 self._stream = be.stream()
-            self._engine = GpuSampler(self.weights, self._gpu_precision, batch, self.mode, self.graphs,
-                                      backend=be, noise=self.noise, stream=self._stream,
-                                      policy=self.policy)
-        return self._engine
+            engine = self._engines[batch] = GpuSampler(
+                self.weights, self._gpu_precision, batch, self.mode, self.graphs, backend=be, noise=self.noise,
+                stream=self._stream, policy=self.policy)
+        return engine
 
-    def _drop_engine(self) -> None:
-        """Close the GPU engine (after a CUDA error its streams may not sync: what can be freed is)."""
-        engine, self._engine = self._engine, None
-        if engine is not None:
+    def _gpu_images(self, batch: int, seeds: Union[int, List[int]], plan: Any, callback: Optional[Callback],
+                    timeline: Any) -> np.ndarray:
+        """sample() on the GPU: on the engine of _engine_batch, its missing rows padded with the last seed."""
+        size = self._engine_batch(batch)
+        if size > batch:
+            listed = list(range(seeds, seeds + batch)) if isinstance(seeds, int) else list(seeds)
+            seeds = listed + [listed[-1]] * (size - batch)
+            log.debug("batch %d runs on the batch-%d engine (%d rows padded)", batch, size, size - batch)
+        return self._gpu_sampler(size).images(plan, seeds, callback, timeline)[:batch]
+
+    def _drop_engines(self, keep: Sequence[int] = ()) -> None:
+        """Close the GPU engines but those of the sizes in `keep` (after a CUDA error its streams may
+        not sync: what can be freed is)."""
+        for size in [b for b in self._engines if b not in keep]:
+            engine = self._engines.pop(size)
             try:
                 engine.close()
             except Exception as e:   # a CUDA error left by the failure itself
                 log.debug("closing the GPU engine: %s: %s", type(e).__name__, e)
 
     def _on_gpu(self, doing: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """fn(*args) on the GPU engine. A CUDA error or an out-of-memory (and a GpuRunError) frees the
-        engine, and what the failed call had built, and raises one GpuRunError line; the next call
-        builds a new engine."""
+        """fn(*args) on the GPU engines. A CUDA error or an out-of-memory (and a GpuRunError) frees the
+        engines, and what the failed call had built, and raises one GpuRunError line; the next call
+        builds the engine it needs anew."""
         from jetson_unet.sampling.gpu import GpuRunError, device_error
         try:
             return fn(*args)
         except GpuRunError:
-            self._drop_engine()
+            self._drop_engines()
             raise
         except Exception as e:
             err = device_error(e, doing)
@@ -223,24 +263,32 @@ class Pipeline:
                 raise
         # raised out here, with no context: the failed call's frames (a half-built executor's
         # buffers) go with the original exception, now
-        self._drop_engine()
+        self._drop_engines()
         gc.collect()
         raise err
 
-    def load(self, batch: int = 1) -> "Pipeline":
-        """Pay the start-up now rather than in the first sample(): on a GPU, build the engine for
-        `batch` (kernel modules loaded from the cubin cache, or compiled; arena and weights
-        allocated; weights uploaded and waited for; gpu mode's step tables), so that a later
-        sample() of this batch size starts its first step at once. On numpy there is nothing to
-        build, only the host-memory check. One engine is kept: a sample() of another batch size builds
-        that one instead. Returns self (`pipe = Pipeline().load(4)`)."""
-        batch = _integer("batch", batch, 1)
+    def load(self, batch: Union[int, Sequence[int]] = 1) -> "Pipeline":
+        """Pay the start-up now rather than in the first sample(): on a GPU, build the engine of each
+        batch size named (kernel modules loaded from the shipped cubins or the cubin cache, or
+        compiled; arena and weights allocated; weights uploaded and waited for; gpu mode's step
+        tables), so that a later sample() starts its first step at once. The engines are kept; those of
+        an earlier load() that this one does not name are freed. A sample() of n images runs on the
+        smallest loaded size that holds n (load([1, 4, 16]): a lone image on the batch-1 engine, 3 on
+        the batch-4 one, padded). On numpy there is nothing to build, only the host-memory check of
+        the largest size. Returns self (`pipe = Pipeline().load(4)`)."""
+        sizes = _batch_sizes(batch)
         with self._lock:
             self._check_open()
             if self.backend == "numpy":
-                self._check_host(batch)
-            else:
-                self._on_gpu("loading", lambda: self._gpu_sampler(batch).prepare())
+                self._check_host(sizes[-1])
+                return self
+            self._sizes = sizes
+            self._drop_engines(keep=sizes)
+            try:
+                for size in sizes:
+                    self._on_gpu("loading", lambda size=size: self._gpu_sampler(size).prepare())
+            finally:   # a size that failed (did not fit, a GPU error) is not kept
+                self._sizes = tuple(size for size in sizes if size in self._engines)
         return self
 
     def sample(self, batch: Optional[int] = None, steps: Optional[int] = None,
@@ -265,8 +313,7 @@ class Pipeline:
             if self.backend == "numpy":
                 self._check_host(batch)
                 return to_uint8(sample_loop(self._engine.eps, shape, plan, image_seeds, callback))
-            return self._on_gpu("sampling", lambda: self._gpu_sampler(batch).images(plan, image_seeds, callback,
-                                                                                    timeline))
+            return self._on_gpu("sampling", lambda: self._gpu_images(batch, image_seeds, plan, callback, timeline))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -279,9 +326,9 @@ class Pipeline:
     def close(self) -> None:
         """Free what the pipeline holds on the GPU; safe to call twice."""
         with self._lock:
-            if self.backend != "numpy":
-                self._drop_engine()
+            self._drop_engines()
             self._engine = self._stream = None
+            self._sizes = ()
             self._closed = True
 
     def __enter__(self) -> "Pipeline":

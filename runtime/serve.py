@@ -4,8 +4,10 @@
 Each row of a request is one image: `seed` (INT64), `steps` (INT32; 0 is the sampler's default) and
 `sampler` (BYTES: ddpm, ddim, dpmpp-2m) in, `image` (UINT8, H x W x 3) out. Triton's dynamic batcher
 gathers requests; the rows of a batch that share sampler and step count run as one Pipeline.sample
-call, each image from its own seed, so an image depends on its seed only. On a GPU every call runs at
---max-batch-size (padded rows), the one engine built and warmed before the server reports ready.
+call, each image from its own seed, so an image depends on its seed only. On a GPU a call runs on the
+smallest engine of --batch-sizes that holds it (padded rows): a lone request costs a batch-1 call, a
+full batch one call at --max-batch-size. Every engine is built and warmed before the server reports
+ready.
 
 Every request is checked before anything is sampled; a bad one, or a batch the memory refuses, is
 answered with a Triton error and the server carries on. SIGTERM or SIGINT stops taking requests,
@@ -63,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sms", type=number("--sms", 1), default=None,
                    help="serve from a slice of N SMs (a CUDA green context, CuPy): a GPU shared with other work")
     p.add_argument("--max-batch-size", type=number("--max-batch-size", 1), default=16,
-                   help="most images in one batch (Triton's max_batch_size); a GPU runs every batch at this size")
+                   help="most images in one batch (Triton's max_batch_size)")
+    p.add_argument("--batch-sizes", type=number("--batch-sizes", 1), nargs="+", default=None, metavar="N",
+                   help="the batch sizes a GPU keeps a warm engine for; a batch runs on the smallest that "
+                        "holds it, padded (default: 1, 4, 16, ... below --max-batch-size, and --max-batch-size)")
     p.add_argument("--queue-delay-us", type=number("--queue-delay-us", 0), default=1000,
                    help="how long a request may wait for others to fill its batch, in microseconds")
     p.add_argument("--http-port", type=port("--http-port"), default=8000, help="HTTP/REST (KServe v2) port")
@@ -103,9 +108,9 @@ def checked_rows(requests: Sequence[Mapping[str, np.ndarray]], schedule: Any) ->
     return out
 
 
-def sample_rows(pipe: Pipeline, rows: List[List[Row]], pad_to: Optional[int]) -> List[np.ndarray]:
-    """One image array per request (rows, H, W, C): one sample() call per (sampler, steps), each
-    padded to `pad_to` images when given (the GPU engine's batch)."""
+def sample_rows(pipe: Pipeline, rows: List[List[Row]]) -> List[np.ndarray]:
+    """One image array per request (rows, H, W, C): one sample() call per (sampler, steps), which
+    a GPU runs on the smallest loaded engine that holds it."""
     groups: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
     for r, request in enumerate(rows):
         for k, (_, n, name) in enumerate(request):
@@ -114,7 +119,7 @@ def sample_rows(pipe: Pipeline, rows: List[List[Row]], pad_to: Optional[int]) ->
     out = [np.zeros((len(request), c.image_size, c.image_size, c.channels), np.uint8) for request in rows]
     for (name, n), where in groups.items():
         seeds = [rows[r][k][0] for r, k in where]
-        images = pipe.sample(seeds=seeds + [seeds[-1]] * ((pad_to or 0) - len(seeds)), sampler=name, steps=n)
+        images = pipe.sample(seeds=seeds, sampler=name, steps=n)
         for (r, k), image in zip(where, images):
             out[r][k] = image
     return out
@@ -123,15 +128,15 @@ def sample_rows(pipe: Pipeline, rows: List[List[Row]], pad_to: Optional[int]) ->
 class Model:
     """The inference callable: a list of requests in, one {"image": ...} per request out."""
 
-    def __init__(self, pipe: Pipeline, pad_to: Optional[int]) -> None:
-        self.pipe, self.pad_to = pipe, pad_to
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe = pipe
 
     def __call__(self, requests: Sequence[Mapping[str, np.ndarray]]) -> List[Dict[str, np.ndarray]]:
         """Raises for the whole batch (PyTriton answers each of its requests with the error)."""
         try:
             rows = checked_rows(requests, self.pipe.config.schedule)
             log.debug("batch of %d request(s), %d image(s)", len(rows), sum(map(len, rows)))
-            return [{"image": images} for images in sample_rows(self.pipe, rows, self.pad_to)]
+            return [{"image": images} for images in sample_rows(self.pipe, rows)]
         except UsageError as e:
             log.info("refused %d request(s): %s", len(requests), e)
             raise
@@ -143,13 +148,26 @@ class Model:
             raise
 
 
-def warm(pipe: Pipeline, max_batch: int) -> Optional[int]:
-    """Refuse a --max-batch-size that does not fit, then on a GPU build and run the one engine (at
-    max_batch: every batch is padded to it, so no other is ever built). Returns the padded batch size."""
-    pipe.load(max_batch)
-    pad_to = None if pipe.backend == "numpy" else max_batch
-    pipe.sample(seeds=[0] * (pad_to or 1), sampler="ddim", steps=WARM_STEPS)
-    return pad_to
+def batch_sizes(max_batch: int, sizes: Optional[Sequence[int]] = None) -> List[int]:
+    """The engines' batch sizes: `sizes` (--batch-sizes, none above max_batch) with max_batch, or by
+    default the powers of 4 below max_batch and max_batch (16: 1, 4, 16). On the compute-bound Orin a
+    call's time grows with its batch (8-SM slice: 0.71 ms at batch 1, 6.8 at 16), so a lone request on
+    the batch-16 engine would cost ~10x its own call; each engine adds its weights and arena."""
+    if sizes is None:
+        sizes = [4 ** k for k in range(max_batch.bit_length()) if 4 ** k < max_batch]
+    big = [n for n in sizes if n > max_batch]
+    if big:
+        raise UsageError(f"--batch-sizes {big[0]} is larger than --max-batch-size {max_batch}")
+    return sorted(set(sizes) | {max_batch})
+
+
+def warm(pipe: Pipeline, sizes: Sequence[int]) -> List[int]:
+    """Refuse batch sizes that do not fit, then on a GPU build and run each engine once (the step
+    graph captured), so that no engine is built while serving. Returns the sizes with an engine."""
+    pipe.load(sizes)
+    for size in pipe.loaded or sizes[:1]:
+        pipe.sample(seeds=[0] * size, sampler="ddim", steps=WARM_STEPS)
+    return list(pipe.loaded)
 
 
 # ---- the server ------------------------------------------------------------------------------------------
@@ -225,18 +243,18 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def binding(mc: Any, pipe: Pipeline, args: argparse.Namespace, pad_to: Optional[int]) -> Dict[str, Any]:
+def binding(mc: Any, pipe: Pipeline, args: argparse.Namespace) -> Dict[str, Any]:
     """Triton.bind's arguments: the model's name, tensors, batching and callable."""
     c = pipe.config
     batcher = mc.DynamicBatcher(max_queue_delay_microseconds=args.queue_delay_us)
-    return {"model_name": MODEL, "infer_func": Model(pipe, pad_to),
+    return {"model_name": MODEL, "infer_func": Model(pipe),
             "inputs": [mc.Tensor(name=name, dtype=dtype, shape=(1,))
                        for name, dtype in zip(INPUTS, (np.int64, np.int32, np.bytes_))],
             "outputs": [mc.Tensor(name="image", dtype=np.uint8, shape=(c.image_size, c.image_size, c.channels))],
             "config": mc.ModelConfig(max_batch_size=args.max_batch_size, batcher=batcher)}
 
 
-def serve(pipe: Pipeline, args: argparse.Namespace, pad_to: Optional[int]) -> int:
+def serve(pipe: Pipeline, args: argparse.Namespace, engines: Sequence[int]) -> int:
     """Start Triton with the model bound, answer until SIGTERM / SIGINT, then drain and stop."""
     mc, tr = _pytriton()
     config = tr.TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
@@ -248,10 +266,12 @@ def serve(pipe: Pipeline, args: argparse.Namespace, pad_to: Optional[int]) -> in
     # the model bound before Triton starts, so that Triton reports ready only once it is loaded
     policy = tr.TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
     with tr.Triton(config=config, triton_lifecycle_policy=policy) as triton:
-        triton.bind(**binding(mc, pipe, args, pad_to))
+        triton.bind(**binding(mc, pipe, args))
         triton.run()
-        log.info("serving %s (%s %s, max batch %d): http :%d, grpc :%d, metrics :%d", MODEL, pipe.backend,
-                 pipe.precision, args.max_batch_size, args.http_port, args.grpc_port, args.metrics_port)
+        log.info("serving %s (%s %s, max batch %d%s): http :%d, grpc :%d, metrics :%d", MODEL, pipe.backend,
+                 pipe.precision, args.max_batch_size,
+                 f", engines for batch {', '.join(map(str, engines))}" if engines else "",
+                 args.http_port, args.grpc_port, args.metrics_port)
         while triton.is_alive() and not stop.wait(0.5):
             pass
         if not stop.is_set():
@@ -263,13 +283,13 @@ def serve(pipe: Pipeline, args: argparse.Namespace, pad_to: Optional[int]) -> in
 def serve_main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)   # every number checked here
     set_verbosity(args)
+    sizes = batch_sizes(args.max_batch_size, args.batch_sizes)
     _pytriton()   # all three before the weights load
     check_stub_numpy(os.environ)
     check_ports(args)
     with Pipeline(_load_weights(args.weights), backend=args.backend, precision=args.precision,
                   sms=args.sms) as pipe:
-        pad_to = warm(pipe, args.max_batch_size)
-        return serve(pipe, args, pad_to)
+        return serve(pipe, args, warm(pipe, sizes))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

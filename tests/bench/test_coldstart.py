@@ -57,20 +57,55 @@ def test_load_on_numpy_returns_self_and_sampling_follows(tiny_weights):
 
 def test_load_builds_the_gpu_engine_that_sample_then_uses(tiny_weights, fake_cupy, nvrtc):
     with Pipeline(tiny_weights, backend="cupy", graphs=False) as pipe:
-        assert pipe._engine is None, "nothing is built before load() or sample()"
+        assert pipe.loaded == (), "nothing is built before load() or sample()"
         assert pipe.load(2) is pipe
-        eng = pipe._engine
+        eng = pipe._engines[2]
         assert isinstance(eng, GpuSampler) and eng.batch == 2 and eng._tables is not None
         assert len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1 and fake_cupy.compiled == []
         uploads = len(fake_cupy.copies)
         assert uploads > 0 and all(not ex._pending for ex in eng.executors), "the weight upload was waited for"
         pipe.sample(batch=2, steps=2, sampler="ddim")
-        assert pipe._engine is eng and len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1
+        assert pipe._engines == {2: eng} and len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1
         pipe.load(1)
-        assert pipe._engine is not eng and pipe._engine.batch == 1 and not eng.executors, "the old one is freed"
-        assert pipe._engine.compute[0] is eng.compute[0], "one compute stream across batch sizes"
+        assert pipe.loaded == (1,) and not eng.executors, "the old one is freed"
+        assert pipe._engines[1].compute[0] is eng.compute[0], "one compute stream across batch sizes"
+    assert pipe.loaded == ()
     with pytest.raises(UsageError, match="closed"):
         pipe.load(1)
+
+
+def test_a_batch_runs_on_the_smallest_loaded_engine_that_holds_it(tiny_weights, fake_cupy, monkeypatch):
+    runs = []
+    real = GpuSampler.images
+
+    def images(self, plan, seeds, *rest):
+        runs.append((self.batch, list(seeds) if not isinstance(seeds, int) else seeds))
+        return real(self, plan, seeds, *rest)
+    monkeypatch.setattr(GpuSampler, "images", images)
+    with Pipeline(tiny_weights, backend="cupy", graphs=False) as pipe:
+        pipe.load([4, 1, 4])
+        assert pipe.loaded == (1, 4)
+        engines = dict(pipe._engines)
+        assert pipe.sample(seeds=[7, 3, 5], steps=2, sampler="ddim").shape == (3, 16, 16, 3)
+        assert pipe.sample(batch=2, seed=10, steps=2, sampler="ddim").shape == (2, 16, 16, 3)
+        assert pipe.sample(seed=9, steps=2, sampler="ddim").shape == (1, 16, 16, 3)
+        assert runs == [(4, [7, 3, 5, 5]), (4, [10, 11, 11, 11]), (1, 9)], "padded with the last seed"
+        assert pipe._engines == engines, "no engine built for a batch a loaded one holds"
+        pipe.sample(batch=5, steps=2, sampler="ddim")
+        assert pipe.loaded == (1, 4, 5) and runs[-1] == (5, 0), "larger than every loaded size: its own engine"
+        pipe.sample(batch=6, steps=2, sampler="ddim")
+        assert pipe.loaded == (1, 4, 6), "which the next such call replaces"
+        assert all(pipe._engines[b] is engines[b] for b in (1, 4))
+        pipe.load([2])
+        assert pipe.loaded == (2,) and not engines[1].executors and not engines[4].executors
+
+
+def test_a_size_that_does_not_fit_is_not_kept(tiny_weights, fake_cupy):
+    from jetson_unet.errors import ArenaError
+    with Pipeline(tiny_weights, backend="cupy", graphs=False) as pipe:
+        with pytest.raises(ArenaError):
+            pipe.load([1, 10 ** 7])
+        assert pipe.loaded == (1,) and pipe._sizes == (1,)
 
 
 def test_load_waits_for_a_sample_in_flight(tiny_weights):

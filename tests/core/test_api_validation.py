@@ -116,8 +116,13 @@ def test_sample_refuses_combinations(pipe, no_sampling, kw, needle):
     refused(lambda: pipe.sample(**kw), needle)
 
 
-@pytest.mark.parametrize("value,needle", [(v, f"^batch must be {n}") for v, n in INTEGER_CLASSES]
-                         + [(0, "^batch must be >= 1, got 0"), (-1, "^batch must be >= 1, got -1")])
+LOAD = ([(v, f"^batch must be {n}") for v, n in INTEGER_CLASSES if not isinstance(v, list)]
+        + [(0, "^batch must be >= 1, got 0"), (-1, "^batch must be >= 1, got -1"),   # sizes: each an integer
+           ([2, 1.5], r"^batch must be an integer, got 1\.5"), ([4, 0], "^batch must be >= 1, got 0"),
+           ([], "^batch must name at least one batch size"), (np.array([1, -2]), "^batch must be >= 1, got -2")])
+
+
+@pytest.mark.parametrize("value,needle", LOAD)
 def test_load_refuses(pipe, value, needle):
     refused(lambda: pipe.load(value), needle)
 

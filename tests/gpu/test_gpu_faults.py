@@ -110,7 +110,7 @@ def test_fake_out_of_memory(tiny_weights, faulty, fail_alloc):
     with Pipeline(tiny_weights, backend="cupy", precision="fp32", graphs=False, noise="host") as pipe:
         with pytest.raises(GpuRunError, match="^out of memory while sampling on the GPU: CUDARuntimeError") as ei:
             pipe.sample(batch=2, steps=2)
-        assert be.held() == 0 and pipe._engine is None   # the half-built executor's buffer too
+        assert be.held() == 0 and pipe.loaded == ()   # the half-built executor's buffer too
         assert "\n" not in str(ei.value) and ei.value.__context__ is None
         be.fail_alloc = 0
         assert pipe.sample(batch=2, steps=2).shape == (2, 16, 16, 3)   # usable again

@@ -34,20 +34,18 @@ def expected(pipe):
             for r in BATCH]
 
 
-@pytest.mark.parametrize("pad_to", [None, 4])
-def test_each_image_is_the_pipelines_for_its_seed(pipe, expected, pad_to, monkeypatch):
+def test_each_image_is_the_pipelines_for_its_seed(pipe, expected, monkeypatch):
     calls = []
     real = pipe.sample
     monkeypatch.setattr(pipe, "sample", lambda **kw: calls.append(kw) or real(**kw))
-    out = serve.Model(pipe, pad_to)(BATCH)
+    out = serve.Model(pipe)(BATCH)
     monkeypatch.undo()
     assert [o["image"].shape for o in out] == [(2, 16, 16, 3), (1, 16, 16, 3), (1, 16, 16, 3), (3, 16, 16, 3)]
     for i, (o, want) in enumerate(zip(out, expected)):
         np.testing.assert_array_equal(o["image"], want, err_msg=f"request {i}")
     # one call per (sampler, step count): ddim 3 (seeds 5, 5), dpmpp-2m 10 (1) and 2 (7, 8, 9), ddpm 10 (2)
     assert sorted((c["sampler"], c["steps"], len(c["seeds"])) for c in calls) == sorted(
-        [("ddim", 3, pad_to or 2), ("dpmpp-2m", 10, pad_to or 1), ("dpmpp-2m", 2, pad_to or 3),
-         ("ddpm", 10, pad_to or 1)])
+        [("ddim", 3, 2), ("dpmpp-2m", 10, 1), ("dpmpp-2m", 2, 3), ("ddpm", 10, 1)])
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -62,9 +60,9 @@ def test_each_image_is_the_pipelines_for_its_seed(pipe, expected, pad_to, monkey
 def test_a_bad_request_fails_its_batch_before_any_sampling(pipe, bad, message, monkeypatch):
     monkeypatch.setattr(pipe, "sample", lambda **kw: pytest.fail("sampled before every request was checked"))
     with pytest.raises(UsageError, match=message):
-        serve.Model(pipe, None)([bad])
+        serve.Model(pipe)([bad])
     with pytest.raises(UsageError, match=f"{message}.*request 2 of 2 in this batch; none was run"):
-        serve.Model(pipe, None)([request([3], 3, "ddim"), bad])
+        serve.Model(pipe)([request([3], 3, "ddim"), bad])
 
 
 class _Full:
@@ -79,7 +77,7 @@ class _Full:
 
 def test_a_batch_that_does_not_fit_is_refused_with_its_reason(pipe, notes):
     with pytest.raises(ArenaError, match="largest batch that fits"):
-        serve.Model(_Full(pipe.config), None)([request([1, 2], 3, "ddim")])
+        serve.Model(_Full(pipe.config))([request([1, 2], 3, "ddim")])
     assert any("failed 1 request(s): batch 2 needs" in n for n in notes), notes
 
 
@@ -87,12 +85,26 @@ def test_warm_refuses_a_max_batch_that_does_not_fit(pipe, monkeypatch):
     from jetson_unet.sampling import host
     monkeypatch.setattr(host, "available_bytes", lambda: 10 ** 9)
     with pytest.raises(ArenaError, match="largest batch that fits"):
-        serve.warm(pipe, 10 ** 6)
-    assert serve.warm(pipe, 4) is None   # numpy: batches run at their own size
+        serve.warm(pipe, [1, 10 ** 6])
+    assert serve.warm(pipe, [1, 4]) == []   # numpy: no engines, batches run at their own size
+
+
+@pytest.mark.parametrize("max_batch, sizes, want", [
+    (16, None, [1, 4, 16]), (1, None, [1]), (5, None, [1, 4, 5]), (64, None, [1, 4, 16, 64]),
+    (16, [2, 8, 2], [2, 8, 16]), (16, [16], [16])])
+def test_engine_batch_sizes(max_batch, sizes, want):
+    assert serve.batch_sizes(max_batch, sizes) == want
+
+
+def test_a_batch_size_above_the_max_is_refused_before_anything_loads(capsys, monkeypatch):
+    monkeypatch.setattr(serve, "_pytriton", lambda: pytest.fail("loaded PyTriton"))
+    assert serve.main(["--max-batch-size", "8", "--batch-sizes", "1", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err == "jetson-serve: error: --batch-sizes 16 is larger than --max-batch-size 8\n", err
 
 
 NUMBERS = {"--max-batch-size": ["0", "x", "1.5"], "--queue-delay-us": ["-1", "x"],
-           "--http-port": ["0", "65536", "x"], "--grpc-port": ["-1"], "--metrics-port": ["99999"], "--sms": ["0", "x"]}
+           "--http-port": ["0", "65536", "x"], "--grpc-port": ["-1"], "--metrics-port": ["99999"], "--sms": ["0", "x"], "--batch-sizes": ["0", "x"]}
 
 
 @pytest.mark.parametrize("flag, value", [(f, v) for f, vs in NUMBERS.items() for v in vs])
