@@ -6,7 +6,8 @@ that it needs neither the serve extra nor free ports.
     python -m tools.serve_batches --sms 8 --requests 1 3 4 16 --engines 16 1,4,16
 
 Each --engines entry is a server's --batch-sizes (the largest its --max-batch-size): its engines are
-built and warmed as jetson-serve does, then each batch of --requests one-image requests (seeds 0..n-1,
+built, warmed and timed as jetson-serve does (a batch runs as the engine calls of least summed time),
+then each batch of --requests one-image requests (seeds 0..n-1,
 one sampler and step count) is run once untimed and --repeats times timed; the table gives the median
 milliseconds per batch.
 """
@@ -81,9 +82,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     columns = {}
     for sizes in args.engines:
         with Pipeline(args.weights, backend=args.backend, precision=args.precision, sms=args.sms) as pipe:
-            built = serve.warm(pipe, serve.batch_sizes(max(sizes), sizes))
-            columns[",".join(map(str, built)) or "(none: numpy)"] = time_batches(
-                serve.Model(pipe), args.requests, args.steps, args.sampler, args.repeats)
+            costs = serve.warm(pipe, serve.batch_sizes(max(sizes), sizes))
+            columns[",".join(map(str, costs)) or "(none: numpy)"] = time_batches(
+                serve.Model(pipe, costs), args.requests, args.steps, args.sampler, args.repeats)
             where = f"{args.sms}-SM slice" if args.sms else "the whole GPU" if pipe.backend != "numpy" else "the CPU"
             label = f"{pipe.backend} {pipe.precision}, {where}"
     print(f"one batch of n one-image requests through jetson-serve's model, {args.sampler}, "
