@@ -4,11 +4,11 @@
 Each row of a request is one image: `seed` (INT64), `steps` (INT32; 0 is the sampler's default) and
 `sampler` (BYTES: ddpm, ddim, dpmpp-2m) in, `image` (UINT8, H x W x 3) out. Triton's dynamic batcher
 gathers requests; the rows of a batch that share sampler and step count run together, each image
-from its own seed, so an image depends on its seed only. On a GPU the server keeps
-a warm engine for each of --batch-sizes, times each at start-up, and runs a batch as the engine calls
-of least summed time (padded rows): a lone request costs a batch-1 call, 8 requests on an Orin two
-batch-4 calls, a full batch one call at --max-batch-size. Every engine is built, warmed and timed
-before the server reports ready.
+from its own seed, so an image depends on its seed only. On a GPU the server keeps a warm engine for
+each of --batch-sizes, times each at start-up, and runs a batch as the engine calls of least summed
+time (padded rows): a lone request costs a batch-1 call, 8 requests on an Orin two batch-4 calls, a
+full batch one call at --max-batch-size. Every engine is built, warmed and timed before the server
+reports ready.
 
 Every request is checked before anything is sampled; a bad one, or a batch the memory refuses, is
 answered with a Triton error and the server carries on. SIGTERM or SIGINT stops taking requests,
