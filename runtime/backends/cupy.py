@@ -109,6 +109,11 @@ class CupyBackend:
     def pinned(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
         return self.cpx.empty_pinned(tuple(shape), dtype=dtype)
 
+    def trim_pinned(self) -> None:
+        """CuPy keeps a freed page-locked block in its pool for the next array of that size: on a
+        Jetson that is the board's DRAM, so what no array holds goes back."""
+        self.cp.get_default_pinned_memory_pool().free_all_blocks()
+
     def h2d(self, dst_ptr: int, host: np.ndarray, stream: Any) -> None:
         """Asynchronous when `host` is pinned; a pageable source makes it synchronous."""
         assert host.flags.c_contiguous

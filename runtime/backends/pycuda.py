@@ -252,6 +252,9 @@ class PycudaBackend:
             arr = self.cuda.pagelocked_empty(tuple(int(s) for s in shape), dtype)
         return np.asarray(_PinnedHost(arr, self._active))
 
+    def trim_pinned(self) -> None:
+        """Nothing to do: a page-locked array's memory goes with the array."""
+
     def h2d(self, dst_ptr: int, host: np.ndarray, stream: Any) -> None:
         """Asynchronous when `host` is pinned; a pageable source makes it synchronous."""
         assert host.flags.c_contiguous

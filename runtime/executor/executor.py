@@ -220,6 +220,7 @@ class GpuExecutor:
         self.weights_ptr, self.arena_ptr = self._wbuf.ptr, self._abuf.ptr
         self.upload_start = self.backend.event()
         self._pending: List[Any] = []
+        self._host_w: Optional[np.ndarray] = None
         if not early_start:
             self.upload_start.record(self.stream)
             self.backend.h2d(self.weights_ptr, host_w, self.stream)
@@ -245,6 +246,15 @@ class GpuExecutor:
         if self._pending:
             self.backend.wait(stream, self._pending[-1])
             self._pending = []
+
+    def drop_staging(self) -> bool:
+        """Free the weights' page-locked staging copy once the early-start upload has landed (waits
+        for it). True when there was one to free."""
+        if self._host_w is None:
+            return False
+        self._copy.synchronize()
+        self._host_w = None
+        return True
 
     def _launch(self, spec: OpSpec, addr: _Addr) -> Launch:
         args = spec.make_args(addr)

@@ -159,10 +159,17 @@ class GpuSampler:
         self.executors, self._graph = [], None
 
     def wait_weights(self) -> None:
-        """Block until every executor's early-start weight upload has landed."""
+        """Block until every executor's early-start weight upload has landed; free its staging."""
         for ex in self.executors:
             ex.wait_weights(ex.stream)
             ex.stream.synchronize()
+        self._drop_staging()
+
+    def _drop_staging(self) -> None:
+        """The weights' page-locked staging copies, once uploaded, back to the OS: on a Jetson the
+        board's DRAM (35 MB an engine in fp16)."""
+        if any([ex.drop_staging() for ex in self.executors]):
+            self.backend.trim_pinned()
 
     def prepare(self) -> None:
         """What the first run() would otherwise do before its first step: gpu mode's device tables
@@ -197,8 +204,11 @@ class GpuSampler:
             with nvtx(self.backend, f"sampling {self.mode} b{self.batch} {len(steps)} steps"):
                 if self.mode == "cpu":
                     x0 = self._run_cpu(list(steps), seeds, callback, tl)
-                    return to_uint8(x0) if images else x0
-                return self._run_gpu(list(steps), seeds, callback, tl, images=images)
+                    out = to_uint8(x0) if images else x0
+                else:
+                    out = self._run_gpu(list(steps), seeds, callback, tl, images=images)
+            self._drop_staging()   # the upload landed before the first step could end
+            return out
         except BaseException:
             for s in self.streams:   # leave no work in flight on buffers we may free
                 try:

@@ -64,6 +64,7 @@ def test_load_builds_the_gpu_engine_that_sample_then_uses(tiny_weights, fake_cup
         assert len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1 and fake_cupy.compiled == []
         uploads = len(fake_cupy.copies)
         assert uploads > 0 and all(not ex._pending for ex in eng.executors), "the weight upload was waited for"
+        assert all(ex._host_w is None for ex in eng.executors) and fake_cupy.trims == 1, "its staging freed"
         pipe.sample(batch=2, steps=2, sampler="ddim")
         assert pipe._engines == {2: eng} and len(nvrtc.calls) == 1 and len(fake_cupy.loads) == 1
         pipe.load(1)
@@ -93,6 +94,7 @@ def test_a_batch_runs_on_the_smallest_loaded_engine_that_holds_it(tiny_weights, 
         assert pipe._engines == engines, "no engine built for a batch a loaded one holds"
         pipe.sample(batch=5, steps=2, sampler="ddim")
         assert pipe.loaded == (1, 4, 5) and runs[-1] == (5, 0), "larger than every loaded size: its own engine"
+        assert pipe._engines[5].executors[0]._host_w is None, "its first run freed its staging"
         pipe.sample(batch=6, steps=2, sampler="ddim")
         assert pipe.loaded == (1, 4, 6), "which the next such call replaces"
         assert all(pipe._engines[b] is engines[b] for b in (1, 4))

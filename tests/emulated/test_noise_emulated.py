@@ -103,6 +103,9 @@ class EmuBackend:
     def pinned(self, shape, dtype) -> np.ndarray:
         return np.zeros(shape, dtype)
 
+    def trim_pinned(self) -> None:
+        pass
+
     def h2d(self, dst: int, host: np.ndarray, stream) -> None:
         ctypes.memmove(dst, host.ctypes.data, host.nbytes)
 

@@ -107,6 +107,7 @@ class FakeBackend:
         self.launch_streams: List[Tuple[Any, str]] = []   # per entry of launches: (stream, "plain" | "graph")
         self.capturing: dict = {}                         # stream -> launches captured so far
         self.graphs: List[FakeGraph] = []
+        self.trims = 0                                    # trim_pinned calls
 
     def arch(self) -> int:
         return self._arch
@@ -128,6 +129,9 @@ class FakeBackend:
         self._next += (nbytes + (1 << 20)) // 256 * 256
         self.allocs.append(b)
         return b
+
+    def trim_pinned(self) -> None:
+        self.trims += 1
 
     def pinned(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
         return np.zeros(tuple(shape), dtype=dtype)
