@@ -5,6 +5,7 @@
         pipe.load(batch=[1, 4])                        # optional: pay the GPU start-up now (at boot)
         images = pipe.sample(batch=4, seed=1)          # (4, 64, 64, 3) uint8
         three = pipe.sample(batch=3, seed=9)           # on the batch-4 engine, one row padded
+        many = pipe.sample(batch=9, seed=9)            # the loaded engines' calls of least time
 
 `sample` calls on one Pipeline from several threads are serialized by a lock (each call runs to
 completion in turn; results never mix). A callback `cb(step, n_steps)` sees progress and may raise
@@ -16,10 +17,11 @@ NumPy backend a batch that does not fit the host's available memory is refused (
 largest batch that fits), as the GPU path refuses one that does not fit the device. A CUDA error or
 an out-of-memory while sampling on the GPU frees the engines and raises one GpuRunError line.
 
-Engines (GPU): one per batch size that load() named, kept; a sample() of n images runs on the smallest
-of them that holds n, its missing rows padded (each image depends on its own seed only, so the rows
-returned are the images of their seeds). A sample() larger than every loaded size builds an engine of
-its own size, kept until another such call replaces it.
+Engines (GPU): one per batch size that load() named, kept (several: timed); a sample() of n images runs as
+the calls of those engines that take the least time together (jetson_unet.sampling.engines), each
+call on the smallest engine that holds its images, its missing rows padded (each image depends on
+its own seed only, so the rows returned are the images of their seeds). Without load(), a sample()
+builds an engine of its own batch size, kept until a sample() of another size replaces it.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from jetson_unet.ops.noise import NOISE_SOURCES
 from jetson_unet.ops.policy import KernelPolicy
 from jetson_unet.model.schedule import DEFAULT_SAMPLER, SAMPLERS, check_seeds, make_steps, sample_loop, to_uint8
 from jetson_unet.model.weights import Weights, load_weights
+from jetson_unet.sampling.engines import WARM_STEPS, Costs, split_batch, time_engine
 
 log = logging.getLogger(__name__)
 BACKEND_CHOICES = ("auto", "numpy", "cupy", "pycuda")
@@ -171,6 +174,7 @@ class Pipeline:
         self._engine: Any = None     # the NumPy reference (numpy backend)
         self._engines: Dict[int, Any] = {}   # batch size -> GpuSampler
         self._sizes: Tuple[int, ...] = ()    # the batch sizes load() named: their engines are kept
+        self._costs: Costs = {}              # and their times (sampling.engines.time_engine)
         self._stream: Any = None   # one compute stream for every GpuSampler of this Pipeline
         self._closed = False
         self.backend, self.precision = self._open_engine(backend, precision)
@@ -207,6 +211,12 @@ class Pipeline:
         """The batch sizes with a GPU engine built, ascending (empty on numpy)."""
         return tuple(sorted(self._engines))
 
+    @property
+    def engine_costs(self) -> Costs:
+        """Each loaded engine's (seconds per step, seconds per call beside), as load() timed them
+        (when it loaded more than one)."""
+        return dict(self._costs)
+
     def _engine_batch(self, batch: int) -> int:
         """The engine a batch runs on: the smallest loaded size that holds it, else its own."""
         return next((size for size in self._sizes if size >= batch), batch)
@@ -229,13 +239,21 @@ class Pipeline:
 
     def _gpu_images(self, batch: int, seeds: Union[int, List[int]], plan: Any, callback: Optional[Callback],
                     timeline: Any) -> np.ndarray:
-        """sample() on the GPU: on the engine of _engine_batch, its missing rows padded with the last seed."""
-        size = self._engine_batch(batch)
-        if size > batch:
-            listed = list(range(seeds, seeds + batch)) if isinstance(seeds, int) else list(seeds)
-            seeds = listed + [listed[-1]] * (size - batch)
-            log.debug("batch %d runs on the batch-%d engine (%d rows padded)", batch, size, size - batch)
-        return self._gpu_sampler(size).images(plan, seeds, callback, timeline)[:batch]
+        """sample() on the GPU: the calls split_batch picks over the loaded engines (else one call),
+        each on the engine of _engine_batch, its missing rows padded with its last seed; the callback
+        counts the steps of all the calls."""
+        listed = list(range(seeds, seeds + batch)) if isinstance(seeds, int) else list(seeds)
+        costs = self._costs or {size: (1.0, 0.0) for size in self._sizes}   # one engine: as many calls as it takes
+        calls = split_batch(batch, len(plan), costs) if costs else [batch]
+        total, out, start = len(calls) * len(plan), [], 0
+        for k, size in enumerate(calls):
+            part, start = listed[start:start + size], start + size
+            engine = self._engine_batch(len(part))
+            log.debug("%d image(s) on the batch-%d engine", len(part), engine)
+            cb = None if callback is None else (lambda i, n, done=k * len(plan): callback(done + i, total))
+            images = self._gpu_sampler(engine).images(plan, part + [part[-1]] * (engine - len(part)), cb, timeline)
+            out.append(images[:len(part)])
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def _drop_engines(self, keep: Sequence[int] = ()) -> None:
         """Close the GPU engines but those of the sizes in `keep` (after a CUDA error its streams may
@@ -271,25 +289,38 @@ class Pipeline:
         """Pay the start-up now rather than in the first sample(): on a GPU, build the engine of each
         batch size named (kernel modules loaded from the shipped cubins or the cubin cache, or
         compiled; arena and weights allocated; weights uploaded and waited for; gpu mode's step
-        tables), so that a later sample() starts its first step at once. The engines are kept; those of
-        an earlier load() that this one does not name are freed. A sample() of n images runs on the
-        smallest loaded size that holds n (load([1, 4, 16]): a lone image on the batch-1 engine, 3 on
-        the batch-4 one, padded). On numpy there is nothing to build, only the host-memory check of
-        the largest size. Returns self (`pipe = Pipeline().load(4)`)."""
+        tables), so that a later sample() starts its first step at once; of several sizes, run each
+        once (its step graph captured) and time it (sampling.engines.time_engine). The engines are
+        kept; those of an earlier load() that this one does not name are freed. A sample() of n
+        images runs as the loaded engines' calls of least time (load([1, 4, 16]): a lone image on the
+        batch-1 engine, 3 on the batch-4 one, padded; on an Orin 8 as two batch-4 calls). On numpy
+        there is nothing to build, only the host-memory check of the largest size. Returns self
+        (`pipe = Pipeline().load(4)`)."""
         sizes = _batch_sizes(batch)
         with self._lock:
             self._check_open()
             if self.backend == "numpy":
                 self._check_host(sizes[-1])
                 return self
-            self._sizes = sizes
+            self._sizes, self._costs = sizes, {}
             self._drop_engines(keep=sizes)
             try:
                 for size in sizes:
                     self._on_gpu("loading", lambda size=size: self._gpu_sampler(size).prepare())
+                if len(sizes) > 1:   # what the split weighs
+                    self._costs = {size: self._on_gpu("timing", lambda size=size: self._time(size)) for size in sizes}
             finally:   # a size that failed (did not fit, a GPU error) is not kept
                 self._sizes = tuple(size for size in sizes if size in self._engines)
         return self
+
+    def _time(self, size: int) -> Tuple[float, float]:
+        """Run the engine of `size` once (its step graph captured), then time it."""
+        engine = self._gpu_sampler(size)
+
+        def run(n: int) -> None:
+            engine.images(make_steps(self.config.schedule, "ddim", n), [0] * size)
+        run(WARM_STEPS)
+        return time_engine(run)
 
     def sample(self, batch: Optional[int] = None, steps: Optional[int] = None,
                sampler: str = DEFAULT_SAMPLER, eta: float = 0.0, seed: int = 0, callback: Optional[Callback] = None,
@@ -328,7 +359,7 @@ class Pipeline:
         with self._lock:
             self._drop_engines()
             self._engine = self._stream = None
-            self._sizes = ()
+            self._sizes, self._costs = (), {}
             self._closed = True
 
     def __enter__(self) -> "Pipeline":

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import sysconfig
 import threading
-import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,15 +33,13 @@ from jetson_unet.cli import _Help, _load_weights, _Parser, _run, add_verbosity, 
 from jetson_unet.errors import BackendUnavailable, RuntimeErrorBase, UsageError
 from jetson_unet.model.schedule import check_seeds, make_steps
 from jetson_unet.pipeline import BACKEND_CHOICES, PRECISIONS, Pipeline, default_weights_path
+from jetson_unet.sampling.engines import WARM_STEPS, Costs
 
 log = logging.getLogger(__name__)
 PROG = "jetson-serve"
 MODEL = "seed-unet"
-WARM_STEPS = 2   # the warm-up run: every kernel loaded and the step graph captured, at the least work
-TIMED_STEPS = (1, 3)   # each engine timed at start-up: a call of 1 and of 3 steps (per step and per call)
 INPUTS = ("seed", "steps", "sampler")
 Row = Tuple[int, int, str]   # seed, step count, sampler
-Costs = Dict[int, Tuple[float, float]]   # engine batch size -> (seconds per step, seconds per call beside)
 
 
 def port(flag: str):
@@ -113,26 +110,9 @@ def checked_rows(requests: Sequence[Mapping[str, np.ndarray]], schedule: Any) ->
     return out
 
 
-def split_batch(n: int, steps: int, costs: Costs) -> List[int]:
-    """The engine calls (their batch sizes, largest first) that run n images of `steps` steps in the
-    least summed time by `costs`, the fewest calls on a tie. On a compute-bound GPU two batch-4 calls
-    cost less than one batch-16 call for 8 images (8-SM slice: 3.8 against 6.8 ms a step); where a
-    batch-16 call costs little more than a batch-4 one (a large GPU), one call wins."""
-    call = {size: steps * per_step + per_call for size, (per_step, per_call) in costs.items()}
-    best: List[Tuple[float, int, int]] = [(0.0, 0, 0)]   # k images: (seconds, calls, the first call's size)
-    for k in range(1, n + 1):
-        best.append(min((call[s] + best[max(0, k - s)][0], best[max(0, k - s)][1] + 1, s) for s in call))
-    sizes = []
-    while n > 0:
-        sizes.append(best[n][2])
-        n -= best[n][2]
-    return sorted(sizes, reverse=True)
-
-
-def sample_rows(pipe: Pipeline, rows: List[List[Row]], costs: Optional[Costs] = None) -> List[np.ndarray]:
-    """One image array per request (rows, H, W, C): the images of each (sampler, steps) in one
-    sample() call, or with engine `costs` in the calls split_batch picks (each on the smallest
-    loaded engine that holds it)."""
+def sample_rows(pipe: Pipeline, rows: List[List[Row]]) -> List[np.ndarray]:
+    """One image array per request (rows, H, W, C): one sample() call per (sampler, steps), which a
+    GPU runs as its loaded engines' calls of least time."""
     groups: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
     for r, request in enumerate(rows):
         for k, (_, n, name) in enumerate(request):
@@ -141,28 +121,24 @@ def sample_rows(pipe: Pipeline, rows: List[List[Row]], costs: Optional[Costs] = 
     out = [np.zeros((len(request), c.image_size, c.image_size, c.channels), np.uint8) for request in rows]
     for (name, n), where in groups.items():
         seeds = [rows[r][k][0] for r, k in where]
-        sizes = split_batch(len(seeds), n, costs) if costs else [len(seeds)]
-        start = 0
-        for size in sizes:
-            images = pipe.sample(seeds=seeds[start:start + size], sampler=name, steps=n)
-            for (r, k), image in zip(where[start:start + size], images):
-                out[r][k] = image
-            start += size
+        images = pipe.sample(seeds=seeds, sampler=name, steps=n)
+        for (r, k), image in zip(where, images):
+            out[r][k] = image
     return out
 
 
 class Model:
     """The inference callable: a list of requests in, one {"image": ...} per request out."""
 
-    def __init__(self, pipe: Pipeline, costs: Optional[Costs] = None) -> None:
-        self.pipe, self.costs = pipe, costs
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe = pipe
 
     def __call__(self, requests: Sequence[Mapping[str, np.ndarray]]) -> List[Dict[str, np.ndarray]]:
         """Raises for the whole batch (PyTriton answers each of its requests with the error)."""
         try:
             rows = checked_rows(requests, self.pipe.config.schedule)
             log.debug("batch of %d request(s), %d image(s)", len(rows), sum(map(len, rows)))
-            return [{"image": images} for images in sample_rows(self.pipe, rows, self.costs)]
+            return [{"image": images} for images in sample_rows(self.pipe, rows)]
         except UsageError as e:
             log.info("refused %d request(s): %s", len(requests), e)
             raise
@@ -188,35 +164,23 @@ def batch_sizes(max_batch: int, sizes: Optional[Sequence[int]] = None) -> List[i
 
 
 def warm(pipe: Pipeline, sizes: Sequence[int]) -> Costs:
-    """Refuse batch sizes that do not fit, then on a GPU build and run each engine once (the step
-    graph captured), so that no engine is built while serving, and time it (calls of TIMED_STEPS
-    steps, the faster of two each). Returns each engine's costs; none on numpy."""
+    """Refuse batch sizes that do not fit, then on a GPU build, run and time each engine
+    (Pipeline.load; one engine is run here), so that no engine is built while serving; on numpy
+    sample one image. Returns the engines' costs (none on numpy or for one engine)."""
     pipe.load(sizes)
-    if not pipe.loaded:
-        pipe.sample(seeds=[0], sampler="ddim", steps=WARM_STEPS)
-    costs = {}
-    for size in pipe.loaded:
-        pipe.sample(seeds=[0] * size, sampler="ddim", steps=WARM_STEPS)
-        s1, s3 = TIMED_STEPS
-        t1, t3 = (min(_timed(pipe, size, n) for _ in range(2)) for n in TIMED_STEPS)
-        per_step = max(t3 - t1, 0.0) / (s3 - s1)
-        costs[size] = (per_step, max(t1 - s1 * per_step, 0.0))
-    return costs
-
-
-def _timed(pipe: Pipeline, size: int, steps: int) -> float:
-    t0 = time.perf_counter()
-    pipe.sample(seeds=[0] * size, sampler="ddim", steps=steps)
-    return time.perf_counter() - t0
+    if len(pipe.loaded) < 2:
+        pipe.sample(seeds=[0] * (pipe.loaded or (1,))[0], sampler="ddim", steps=WARM_STEPS)
+    return pipe.engine_costs
 
 
 # ---- the server ------------------------------------------------------------------------------------------
 
-def engines_text(costs: Costs) -> str:
-    """The engines and their times for the start-up line ("" on numpy)."""
-    if not costs:
+def engines_text(sizes: Sequence[int], costs: Costs) -> str:
+    """The engines and their times, where timed, for the start-up line ("" on numpy)."""
+    if not sizes:
         return ""
-    return ", engines " + ", ".join(f"b{size} {1e3 * per_step:.2f} ms/step" for size, (per_step, _) in costs.items())
+    return ", engines " + ", ".join(f"b{size}" + (f" {1e3 * costs[size][0]:.2f} ms/step" if size in costs else "")
+                                    for size in sizes)
 
 
 def libpython_env(environ: Mapping[str, str]) -> Dict[str, str]:
@@ -290,11 +254,11 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def binding(mc: Any, pipe: Pipeline, args: argparse.Namespace, costs: Costs) -> Dict[str, Any]:
+def binding(mc: Any, pipe: Pipeline, args: argparse.Namespace) -> Dict[str, Any]:
     """Triton.bind's arguments: the model's name, tensors, batching and callable."""
     c = pipe.config
     batcher = mc.DynamicBatcher(max_queue_delay_microseconds=args.queue_delay_us)
-    return {"model_name": MODEL, "infer_func": Model(pipe, costs),
+    return {"model_name": MODEL, "infer_func": Model(pipe),
             "inputs": [mc.Tensor(name=name, dtype=dtype, shape=(1,))
                        for name, dtype in zip(INPUTS, (np.int64, np.int32, np.bytes_))],
             "outputs": [mc.Tensor(name="image", dtype=np.uint8, shape=(c.image_size, c.image_size, c.channels))],
@@ -313,11 +277,11 @@ def serve(pipe: Pipeline, args: argparse.Namespace, costs: Costs) -> int:
     # the model bound before Triton starts, so that Triton reports ready only once it is loaded
     policy = tr.TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
     with tr.Triton(config=config, triton_lifecycle_policy=policy) as triton:
-        triton.bind(**binding(mc, pipe, args, costs))
+        triton.bind(**binding(mc, pipe, args))
         triton.run()
         log.info("serving %s (%s %s, max batch %d%s): http :%d, grpc :%d, metrics :%d", MODEL, pipe.backend,
                  pipe.precision, args.max_batch_size,
-                 engines_text(costs),
+                 engines_text(pipe.loaded, costs),
                  args.http_port, args.grpc_port, args.metrics_port)
         while triton.is_alive() and not stop.wait(0.5):
             pass

@@ -82,9 +82,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     columns = {}
     for sizes in args.engines:
         with Pipeline(args.weights, backend=args.backend, precision=args.precision, sms=args.sms) as pipe:
-            costs = serve.warm(pipe, serve.batch_sizes(max(sizes), sizes))
-            columns[",".join(map(str, costs)) or "(none: numpy)"] = time_batches(
-                serve.Model(pipe, costs), args.requests, args.steps, args.sampler, args.repeats)
+            serve.warm(pipe, serve.batch_sizes(max(sizes), sizes))
+            columns[",".join(map(str, pipe.loaded)) or "(none: numpy)"] = time_batches(
+                serve.Model(pipe), args.requests, args.steps, args.sampler, args.repeats)
             where = f"{args.sms}-SM slice" if args.sms else "the whole GPU" if pipe.backend != "numpy" else "the CPU"
             label = f"{pipe.backend} {pipe.precision}, {where}"
     print(f"one batch of n one-image requests through jetson-serve's model, {args.sampler}, "

@@ -3,6 +3,7 @@ GPU path over the recording fakes), and the jetson_unet.bench.coldstart child pr
 times that sum to at most the total, counting the kernel modules it compiled."""
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -75,7 +76,15 @@ def test_load_builds_the_gpu_engine_that_sample_then_uses(tiny_weights, fake_cup
         pipe.load(1)
 
 
-def test_a_batch_runs_on_the_smallest_loaded_engine_that_holds_it(tiny_weights, fake_cupy, monkeypatch):
+def test_a_batch_runs_as_the_loaded_engines_calls_of_least_time(tiny_weights, fake_cupy, monkeypatch):
+    """load() runs and times each engine (here: the 8-SM slice's measured costs); a sample() runs as the calls
+    split_batch picks, each on the smallest engine that holds its images, padded with its last seed;
+    the callback counts the steps of all the calls."""
+    from jetson_unet import pipeline
+    slice_costs = {1: (0.72e-3, 0.3e-3), 4: (1.89e-3, 0.4e-3)}
+    timed = []   # load() times the sizes ascending; the last load() one more
+    in_order = itertools.chain([slice_costs[1], slice_costs[4]], itertools.repeat((1e-3, 0.0)))
+    monkeypatch.setattr(pipeline, "time_engine", lambda run: timed.append(run) or next(in_order))
     runs = []
     real = GpuSampler.images
 
@@ -85,21 +94,28 @@ def test_a_batch_runs_on_the_smallest_loaded_engine_that_holds_it(tiny_weights, 
     monkeypatch.setattr(GpuSampler, "images", images)
     with Pipeline(tiny_weights, backend="cupy", graphs=False) as pipe:
         pipe.load([4, 1, 4])
-        assert pipe.loaded == (1, 4)
+        assert pipe.loaded == (1, 4) and len(timed) == 2 and pipe.engine_costs == slice_costs
         engines = dict(pipe._engines)
         assert pipe.sample(seeds=[7, 3, 5], steps=2, sampler="ddim").shape == (3, 16, 16, 3)
-        assert pipe.sample(batch=2, seed=10, steps=2, sampler="ddim").shape == (2, 16, 16, 3)
         assert pipe.sample(seed=9, steps=2, sampler="ddim").shape == (1, 16, 16, 3)
-        assert runs == [(4, [7, 3, 5, 5]), (4, [10, 11, 11, 11]), (1, 9)], "padded with the last seed"
-        assert pipe._engines == engines, "no engine built for a batch a loaded one holds"
-        pipe.sample(batch=5, steps=2, sampler="ddim")
-        assert pipe.loaded == (1, 4, 5) and runs[-1] == (5, 0), "larger than every loaded size: its own engine"
-        assert pipe._engines[5].executors[0]._host_w is None, "its first run freed its staging"
-        pipe.sample(batch=6, steps=2, sampler="ddim")
-        assert pipe.loaded == (1, 4, 6), "which the next such call replaces"
-        assert all(pipe._engines[b] is engines[b] for b in (1, 4))
+        seen = []
+        assert pipe.sample(batch=6, seed=10, steps=2, sampler="ddim", callback=lambda i, n: seen.append((i, n))).shape[0] == 6
+        assert runs[:2] == [(1, [0]), (4, [0] * 4)], "load() ran each engine once"
+        assert runs[2:] == [(4, [7, 3, 5, 5]), (1, [9]), (4, [10, 11, 12, 13]), (1, [14]), (1, [15])]
+        assert seen == [(i, 6) for i in range(6)], "the steps of the three calls, counted as one run"
+        assert pipe._engines == engines, "no engine built: the loaded ones run every batch"
         pipe.load([2])
         assert pipe.loaded == (2,) and not engines[1].executors and not engines[4].executors
+
+
+def test_without_load_a_batch_builds_its_own_engine(tiny_weights, fake_cupy):
+    with Pipeline(tiny_weights, backend="cupy", graphs=False) as pipe:
+        pipe.sample(batch=5, steps=2, sampler="ddim")
+        assert pipe.loaded == (5,) and pipe.engine_costs == {}
+        five = pipe._engines[5]
+        assert five.executors[0]._host_w is None, "its first run freed its staging"
+        pipe.sample(batch=6, steps=2, sampler="ddim")
+        assert pipe.loaded == (6,) and not five.executors, "which a batch of another size replaces"
 
 
 def test_a_size_that_does_not_fit_is_not_kept(tiny_weights, fake_cupy):

@@ -89,58 +89,10 @@ def test_warm_refuses_a_max_batch_that_does_not_fit(pipe, monkeypatch):
     assert serve.warm(pipe, [1, 4]) == {}   # numpy: no engines, batches run at their own size
 
 
-# seconds per step and per call beside, as measured on an H200's 8-SM slice and on its 132 SMs
-SLICE = {1: (0.72e-3, 0.3e-3), 4: (1.89e-3, 0.4e-3), 16: (6.83e-3, 0.8e-3)}
-WHOLE = {1: (0.38e-3, 0.3e-3), 4: (0.52e-3, 0.4e-3), 16: (0.92e-3, 0.8e-3)}
-
-
-@pytest.mark.parametrize("costs, n, want", [
-    (SLICE, 1, [1]), (SLICE, 2, [1, 1]), (SLICE, 3, [4]), (SLICE, 5, [4, 1]), (SLICE, 8, [4, 4]),
-    (SLICE, 13, [4, 4, 4, 1]), (SLICE, 14, [16]), (SLICE, 16, [16]), (WHOLE, 2, [4]), (WHOLE, 8, [16]), (WHOLE, 6, [16]),
-    ({1: (1.0, 0.0), 4: (4.0, 0.0)}, 4, [4]),   # a tie: the fewest calls
-])
-def test_a_batch_is_split_into_the_engine_calls_of_least_time(costs, n, want):
-    assert serve.split_batch(n, 25, costs) == want
-
-
-def test_each_call_of_the_split_runs_its_own_seeds(pipe, expected, monkeypatch):
-    calls = []
-    real = pipe.sample
-    monkeypatch.setattr(pipe, "sample", lambda **kw: calls.append(kw) or real(**kw))
-    out = serve.Model(pipe, {1: (1.0, 0.0), 2: (1.5, 0.0)})(BATCH)   # 3 images: a batch of 2, then 1
-    monkeypatch.undo()
-    for i, (o, want) in enumerate(zip(out, expected)):
-        np.testing.assert_array_equal(o["image"], want, err_msg=f"request {i}")
-    assert [c["seeds"] for c in calls if c["steps"] == 2] == [[7, 8], [9]]
-    assert [c["seeds"] for c in calls if c["sampler"] == "ddim"] == [[5, 5]]
-
-
-def test_warm_times_each_engine(pipe, monkeypatch):
-    clock = iter(range(1000))
-    monkeypatch.setattr(serve.time, "perf_counter", lambda: next(clock) * 0.0)
-    ran = []
-    monkeypatch.setattr(type(pipe), "loaded", property(lambda self: (1, 4)))
-    monkeypatch.setattr(pipe, "load", lambda sizes: ran.append(("load", list(sizes))))
-    monkeypatch.setattr(pipe, "sample", lambda **kw: ran.append((len(kw["seeds"]), kw["steps"])))
-    costs = serve.warm(pipe, [1, 4])
-    assert set(costs) == {1, 4} and all(c == (0.0, 0.0) for c in costs.values())
-    assert ran == [("load", [1, 4])] + [(b, n) for b in (1, 4) for n in (2, 1, 1, 3, 3)]
-    assert serve.engines_text({1: (0.72e-3, 0.3e-3), 4: (1.9e-3, 0.4e-3)}) == ", engines b1 0.72 ms/step, b4 1.90 ms/step"
-    assert serve.engines_text({}) == ""
-
-
-@pytest.mark.parametrize("max_batch, sizes, want", [
-    (16, None, [1, 4, 16]), (1, None, [1]), (5, None, [1, 4, 5]), (64, None, [1, 4, 16, 64]),
-    (16, [2, 8, 2], [2, 8, 16]), (16, [16], [16])])
-def test_engine_batch_sizes(max_batch, sizes, want):
-    assert serve.batch_sizes(max_batch, sizes) == want
-
-
-def test_a_batch_size_above_the_max_is_refused_before_anything_loads(capsys, monkeypatch):
-    monkeypatch.setattr(serve, "_pytriton", lambda: pytest.fail("loaded PyTriton"))
-    assert serve.main(["--max-batch-size", "8", "--batch-sizes", "1", "16"]) == 2
-    err = capsys.readouterr().err
-    assert err == "jetson-serve: error: --batch-sizes 16 is larger than --max-batch-size 8\n", err
+def test_the_start_up_line_names_each_engine_and_its_time():
+    assert serve.engines_text((1, 4), {1: (0.72e-3, 0.3e-3), 4: (1.9e-3, 0.4e-3)}) == \
+        ", engines b1 0.72 ms/step, b4 1.90 ms/step"
+    assert serve.engines_text((16,), {}) == ", engines b16" and serve.engines_text((), {}) == ""
 
 
 NUMBERS = {"--max-batch-size": ["0", "x", "1.5"], "--queue-delay-us": ["-1", "x"],
