@@ -156,19 +156,20 @@ def test_every_batch_a_shipped_tuning_file_serves_stays_in_its_module(weights):
 @pytest.mark.parametrize("arch, sms, device", [(90, 132, "NVIDIA H100 80GB HBM3"), (87, 8, "Orin")])
 def test_a_run_loads_the_shipped_module_and_compiles_nothing(weights, tmp_path, monkeypatch, arch, sms, device):
     """Batch 1, 2 and 16 on an H100 (1 and 16 with their own tuning files, 2 with the built-in tiles)
-    and on an Orin Nano (its batch-1, batch-2 and batch-16 files): one shipped module."""
+    and 1, 3 and 16 on an Orin Nano (its batch-1 and batch-16 files, the batch-4 file standing in at
+    3): one shipped module."""
     monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path))
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path / "no-user-tiles"))   # the shipped tuning files only
     nv = cupy_nvrtc(monkeypatch)
     be = CubinBackend(arch=arch)
     be._sms, be.device_name = sms, lambda: device
     tiles = []
-    for batch in (1, 2, 16):                   # one module loaded, then kept in memory for every batch size
+    for batch in (1, 2, 16) if arch == 90 else (1, 3, 16):   # one module, kept in memory for every batch
         with GpuExecutor(weights, "fp16", batch=batch, backend=be) as ex:
             tiles.append((ex.tiles_from and Path(ex.tiles_from).name, ex.tile_batch))
     name = "tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b{}.json" if arch == 90 else "tiles-orin-8sm-fp16-b{}.json"
     assert tiles == ([(name.format(1), None), (None, None), (name.format(16), None)] if arch == 90 else
-                     [(name.format(1), None), (name.format(2), None), (name.format(16), None)])
+                     [(name.format(1), None), (name.format(4), 4), (name.format(16), None)])
     assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1, REBUILD
     assert be.loads[0].parent == shipped_cubins_dir() and not list(tmp_path.rglob("*.cubin"))
 
