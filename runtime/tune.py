@@ -46,12 +46,12 @@ from jetson_unet.backends import get_backend
 from jetson_unet.bench.timing import bench_weights, per_op_times, timed
 from jetson_unet.cli import _Parser, _run, add_verbosity, number, set_verbosity
 from jetson_unet.files import atomic_open, check_writable, writing
-from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.executor.executor import GpuExecutor, run_context
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import build_plan
 from jetson_unet.ops.common import Ctx, TileChoice
 from jetson_unet.ops.policy import BUILTIN, KernelPolicy
-from jetson_unet.ops.specs import op_key
+from jetson_unet.ops.specs import module_keys, op_key
 from jetson_unet.ops.tuning import (candidates, dump_tiles, file_name, find_tiles, k_segments, tiles_dirs, tunable,
                                     with_splits)
 from jetson_unet.paths import user_tiles_dir
@@ -189,7 +189,8 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
               for n in names}
     # a kernel knows its op's split: the split rounds' kernels, built once before them, side by side
     # (left to the rounds, each round's executor built a module set of its own: 15-30 s a round, H200)
-    extra = sorted(set(extra) | {key_of(n, t) for n, ts in splits.items() for t in ts}, key=lambda k: k.symbol)
+    extra = sorted(set(extra) | {key_of(n, t) for n, ts in splits.items() for t in ts} |
+                   in_use_keys(weights, precision, batch, backend, out_dir, memo), key=lambda k: k.symbol)
     secs = build_modules(weights, precision, backend, extra, shards, memo)
     rounds = as_rounds(splits)
     print(f"b{batch}: {len(rounds)} split-K rounds ({len(extra)} kernels built in {secs:.1f} s)", flush=True)
@@ -218,6 +219,15 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     return dict(meta, candidate_us={n: [[round(us, 3), label] for us, label in timed[n]] for n in names})
 
 
+def in_use_keys(weights: Any, precision: str, batch: int, backend: Any, out_dir: Path, memo: Dict[Any, Any]) -> set:
+    """The module keys of the run settle_file times as "in use": every executor of the split rounds and of
+    settle_file then has the same module (a file of another SM count brings that count's module)."""
+    plan = build_plan(weights.config)
+    ctx, *_, tuned = run_context(weights, plan, precision, batch, backend.device_name(), backend.sm_count(),
+                                 KernelPolicy(tile_dirs=[out_dir, *tiles_dirs()]), memo)
+    return set(module_keys(ctx, tuned))
+
+
 def settle_file(weights: Any, precision: str, batch: int, backend: Any, tiles: Dict[str, TileChoice],
                 builtin: Dict[str, TileChoice], meta: Dict[str, Any], out_dir: Path, extra: Sequence[Any],
                 shards: int, memo: Dict[Any, Any]) -> None:
@@ -228,24 +238,25 @@ def settle_file(weights: Any, precision: str, batch: int, backend: Any, tiles: D
     alone and ran the call in 2.024 / 2.027 ms against the shipped file's 2.018 / 2.018 (2026-11-29)."""
     cfg, device, sms = weights.config, meta["device"], meta["sms"]
     dirs = [out_dir, *tiles_dirs()]
-    in_use = find_tiles(cfg, device, sms, precision, batch, dirs)   # this batch's file, or its neighbour's
+    in_use = find_tiles(cfg, device, sms, precision, batch, dirs)   # this batch's file, or a neighbour's
     calls = {"built-in": KernelPolicy(tiles=BUILTIN), "tuned": KernelPolicy(tiles=tiles)}
     if in_use is not None:
         calls["in use"] = KernelPolicy(tile_dirs=dirs)   # as the executor runs them (a neighbour's: at its batch)
-        which = "" if in_use[2] == batch else f" (batch {in_use[2]}'s tiles, which batch {batch} runs without a file)"
-        print(f"b{batch} {precision}: tiles in use {in_use[0]}{which}", flush=True)
+        which = ("" if (in_use.batch, in_use.sms) == (batch, sms) else
+                 f" (the tiles of batch {in_use.batch} on {in_use.sms} SMs, which batch {batch} runs without a file)")
+        print(f"b{batch} {precision}: tiles in use {in_use.path}{which}", flush=True)
     ms, eps = time_calls(weights, precision, batch, backend, calls, extra, shards, memo)
     chosen = min(ms, key=lambda k: ms[k])
     base = eps["built-in"]
     rel = float(np.linalg.norm(eps[chosen] - base) / max(float(np.linalg.norm(base)), 1e-30))
     meta.update(graph_ms_heuristic=ms["built-in"], graph_ms_tuned=ms["tuned"], eps_rel_l2=rel, chosen=chosen)
     if in_use is not None:
-        meta.update(graph_ms_in_use=ms["in use"], tiles_in_use=str(in_use[0]))
+        meta.update(graph_ms_in_use=ms["in use"], tiles_in_use=str(in_use.path))
     line = ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
     print(f"b{batch} {precision}: the whole call as a graph, median of {CALL_ROUNDS}: {line}; "
           f"eps of the {chosen} tiles vs built-in rel L2 {rel:.1e}", flush=True)
     if chosen == "in use":
-        print(f"kept {in_use[0]}: the tiles in use ran the call fastest; nothing written")
+        print(f"kept {in_use.path}: the tiles in use ran the call fastest; nothing written")
         return
     path = out_dir / file_name(device, sms, precision, batch)
     with writing(path):

@@ -51,7 +51,8 @@ def bench_ours(weights, precision: str, batch: int, args, backend, tiles: str = 
     graph = backend.capture_end(s)
     replay = timed(backend, s, lambda: graph.launch(s), args.warmup, args.iters, args.repeats, SETTLE_S)
     rep = ex.arena_report()
-    label = f"ours {precision}" + (" tuned" if ex.tiles_from else "") + (f" (b{ex.tile_batch}'s)" if ex.tile_batch else "")
+    measured = f"b{ex.tile_batch}" + (f"@{ex.tile_sms}" if ex.tile_sms else "")   # another batch's / SM count's file
+    label = f"ours {precision}" + (" tuned" if ex.tiles_from else "") + (f" ({measured}'s)" if ex.tile_batch else "")
     ops_t = []
     if args.per_op:
         ops_t = per_op_times(ex, backend)
@@ -64,7 +65,7 @@ def bench_ours(weights, precision: str, batch: int, args, backend, tiles: str = 
             "launches": ex.launches_per_call, "build_s": build_s, "arena": rep["text"],
             "arena_bytes": rep["arena_bytes"], "weights_bytes": rep["weights_bytes"],
             "precision": precision, "tiles": ex.tiles_from or "built-in",
-            "tile_batch": ex.tile_batch or batch, "per_op_us": per_op_sums(ops_t)}
+            "tile_batch": ex.tile_batch or batch, "tile_sms": ex.tile_sms, "per_op_us": per_op_sums(ops_t)}
 
 
 def per_op_sums(ops_t: list) -> dict:

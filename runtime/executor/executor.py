@@ -115,6 +115,19 @@ class _Addr(Resolver):
         return self.ex.arena_ptr + self.ex.arena.regions["stats:" + op.x].offset, self.ex.stats_parts[op.x]
 
 
+def run_context(weights: Any, plan: Any, precision: str, batch: int, device: str, sms: int, policy: KernelPolicy,
+                memo: Optional[Dict[Any, Any]] = None) -> Tuple[Ctx, Optional[str], Optional[int], Optional[int], list]:
+    """How a run of `policy` on `sms` SMs of `device` picks its kernels, before anything is built: (its
+    Ctx, where its tiles come from, the batch and SM count they were measured at where another's file
+    stands in (KernelPolicy.resolve), the tuning files whose tiles join its module). A file of another
+    SM count brings its rules and its module: the run is, kernel for kernel, one of that SM count."""
+    tiles, source, tile_batch, tile_sms = policy.resolve(weights.config, device, sms, precision, batch)
+    sms = tile_sms or sms
+    ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=tiles,
+              memo={} if memo is None else memo, tile_batch=tile_batch)
+    return ctx, source, tile_batch, tile_sms, policy.module_tiles(weights.config, sms, precision)
+
+
 class GpuExecutor:
     def __init__(self, weights: Any, precision: str = "fp16", batch: int = 1, backend: Optional[Backend] = None,
                  early_start: bool = True, policy: KernelPolicy = KernelPolicy(), extra_keys: Sequence[Any] = (),
@@ -134,11 +147,9 @@ class GpuExecutor:
         self.precision, self.batch, self.config = precision, int(batch), weights.config
         self.plan = build_plan(self.config)
         self._bufs: List[Any] = []
-        sms = policy.device_sms(self.backend)
-        tiles, self.tiles_from, self.tile_batch = policy.resolve(self.config, self.backend.device_name(), sms,
-                                                                 precision, self.batch)
-        ctx = Ctx(self.plan, weights.params, precision, self.batch, sms, view_layout(self.plan), tiles=tiles,
-                  memo={} if memo is None else memo, tile_batch=self.tile_batch)
+        ctx, self.tiles_from, self.tile_batch, self.tile_sms, tuned = run_context(
+            weights, self.plan, precision, self.batch, self.backend.device_name(), policy.device_sms(self.backend),
+            policy, memo)
         self.specs: List[OpSpec] = [op_spec(op, ctx) for op in self.plan.ops if op.kind != CAT]
         # Sizes first (jetson_unet.executor.memory, shared with `jetson-sample --plan-only`): a batch that
         # does not fit is refused before any compile, pinned staging or upload.
@@ -147,7 +158,7 @@ class GpuExecutor:
         self.arena: ArenaPlan = memory.executor_arena(self.plan, self.specs, precision, self.batch, self.batch,
                                                       (self.stats_parts, self._stats_life))
         (fits or self._check_memory)(self.memory_estimate())
-        keys = set(module_keys(ctx, policy.module_tiles(self.config, sms, precision))) | set(extra_keys)
+        keys = set(module_keys(ctx, tuned)) | set(extra_keys)
         self.kernels = KernelSet(self.backend, sorted(keys, key=lambda k: k.symbol), shards=shards)
         # the halo conv's and a deep cp.async ring's dynamic smem go past the 48 KB of static + dynamic
         # that need no opt-in (static: at most PIPE_SCRATCH beside them)

@@ -2,7 +2,7 @@
 the executor. Nothing below it reads the environment or decides on its own.
 
     KernelPolicy()                            # the tuning file measured for this GPU and batch (else a
-                                              # neighbouring batch's), else the built-in tiles
+                                              # neighbouring batch's or SM count's), else the built-in tiles
     KernelPolicy(tiles="builtin")             # the built-in tile rules (jetson_unet.ops.tiles)
     KernelPolicy(tiles="tiles-orin.json")     # that tuning file (refused unless made for this run)
     KernelPolicy(sms=8)                       # tiles chosen for 8 SMs (a green-context slice of a larger GPU)
@@ -40,27 +40,27 @@ class KernelPolicy:
         return int(self.sms) if self.sms else int(backend.sm_count())
 
     def resolve(self, config: Any, device: str, sms: int, precision: str,
-                batch: int) -> Tuple[Dict[str, TileChoice], Optional[str], Optional[int]]:
-        """(the tiles, where they come from, the batch they were measured at): {} are the built-in
-        tiles (source None); a tuning file's path; "given" for a mapping. The batch is None but where
-        a neighbouring batch's file stands in (ops.tuning.find_tiles): the run then takes every rule
-        as at that batch (Ctx.tile_batch)."""
+                batch: int) -> Tuple[Dict[str, TileChoice], Optional[str], Optional[int], Optional[int]]:
+        """(the tiles, where they come from, the batch and the SM count they were measured at): {} are
+        the built-in tiles (source None); a tuning file's path; "given" for a mapping. The batch and SM
+        count are None but where a neighbouring batch's file, or another SM count's, stands in
+        (ops.tuning.find_tiles): the run then takes every rule as at that batch and SM count
+        (Ctx.tile_batch, Ctx.sms), and the module of that SM count."""
         t = self.tiles
         if t is None:
             found = find_tiles(config, device, sms, precision, batch, self.tile_dirs)
             if found is None:
                 log.info(builtin_tiles_notice(device, sms, precision, batch))
-                return {}, None, None
-            path, tiles, measured = found
-            if measured == batch:
-                return tiles, str(path), None
-            log.info(neighbour_tiles_notice(device, sms, precision, batch, measured))
-            return tiles, str(path), measured
+                return {}, None, None, None
+            if (found.batch, found.sms) == (batch, sms):
+                return found.tiles, str(found.path), None, None
+            log.info(neighbour_tiles_notice(device, sms, precision, batch, found))
+            return found.tiles, str(found.path), found.batch, (None if found.sms == sms else found.sms)
         if isinstance(t, str) and t == BUILTIN:
-            return {}, None, None
+            return {}, None, None, None
         if isinstance(t, (str, Path)):
-            return load_tiles(Path(t), precision, batch, sms, config), str(t), None
-        return dict(t), ("given" if t else None), None
+            return load_tiles(Path(t), precision, batch, sms, config), str(t), None, None
+        return dict(t), ("given" if t else None), None, None
 
     def module_tiles(self, config: Any, sms: int, precision: str) -> List[Tuple[int, Dict[str, TileChoice]]]:
         """(batch, tiles) of the tuning files in this policy's folders for this SM count and precision,

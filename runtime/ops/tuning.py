@@ -20,7 +20,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.errors import ConfigError
 from jetson_unet.files import atomic_open
@@ -218,10 +218,17 @@ def tiles_dirs() -> List[Path]:
     return [user_tiles_dir(), SHIPPED]
 
 
-def file_name(device: str, sms: int, precision: str, batch: Union[int, str]) -> str:
-    """The tuning file's name; device or batch "*": the glob of every device's or batch's file."""
-    slug = "*" if device == "*" else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
-    return f"tiles-{slug}-{int(sms)}sm-{precision}-b{batch if batch == '*' else int(batch)}.json"
+def device_slug(device: str) -> str:
+    """The device's part of its tuning files' names ("NVIDIA H200" -> "nvidia-h200")."""
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
+
+
+def file_name(device: str, sms: int, precision: str, batch: int) -> str:
+    """The tuning file's name (FILE_NAME)."""
+    return f"tiles-{device_slug(device)}-{int(sms)}sm-{precision}-b{int(batch)}.json"
+
+
+FILE_NAME = re.compile(r"tiles-(?P<device>[a-z0-9-]+)-(?P<sms>[0-9]+)sm-(?P<precision>[a-z0-9]+)-b(?P<batch>[0-9]+)\.json")
 
 
 def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> str:
@@ -232,72 +239,92 @@ def builtin_tiles_notice(device: str, sms: int, precision: str, batch: int) -> s
             "(a few minutes)")
 
 
-# a neighbouring batch's file stands in where both batches give the GPU at least one image per
-# NEIGHBOUR_SMS_PER_IMAGE SMs: there the call is compute-bound and an op's fastest tile hardly moves with
-# the batch. H200, one call as a graph replay against the built-in tiles (docs/kernels.md, "Measured
-# tiles"): on 8 SMs the batch-4 and batch-16 files won at batch 2 to 32 (1-11%); on 132 SMs the
-# batch-16 and batch-64 files won at 24, 32 and 128 (8-18%), and the batch-1 and batch-16 files lost at
-# batch 4 (17-21%) and 8 (1-48%), where a whole GPU's grids are a few waves deep.
+# A file of another batch, or of another SM count of the same GPU, stands in at the same number of
+# images per SM, or the nearest in octaves, where both give the GPU at least one image per
+# NEIGHBOUR_SMS_PER_IMAGE SMs: there the call is compute-bound and an op's fastest tile hardly moves
+# with the load. H200, one call as a graph replay against the built-in tiles (docs/kernels.md,
+# "Measured tiles"): on 8 SMs the batch-4 and batch-16 files won at batch 2 to 32 (1-11%); on 132 SMs
+# the batch-16 and batch-64 files won at 24, 32 and 128 (8-18%), and the batch-1 and batch-16 files
+# lost at batch 4 (17-21%) and 8 (1-48%), where a whole GPU's grids are a few waves deep; on 16 SMs
+# the 8-SM files of half the batch won at batch 2, 4, 8 and 32 (9-13%), as much as 16-SM tunes.
 NEIGHBOUR_SMS_PER_IMAGE = 10
 
 
-def neighbour_batch(batch: int, measured: Sequence[int], sms: int) -> Optional[int]:
-    """The measured batch whose tuning file a run of `batch` takes: its own, else the nearest in
-    octaves (the larger on a tie) among those where both batches are compute-bound
-    (NEIGHBOUR_SMS_PER_IMAGE); None where none is."""
-    def compute_bound(b: int) -> bool:
-        return NEIGHBOUR_SMS_PER_IMAGE * b >= sms
-    if batch in measured:
-        return batch
-    if not compute_bound(batch):
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A tuning file find_tiles takes: its tiles, and the batch and SM count they were measured at."""
+    path: Path
+    tiles: Dict[str, TileChoice]
+    batch: int
+    sms: int
+
+
+def neighbour_load(batch: int, sms: int, measured: Sequence[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
+    """The measured (batch, SM count) whose tuning file a run of `batch` on `sms` SMs takes: its own,
+    else the nearest in images per SM, in octaves (the larger on a tie), among those where both are
+    compute-bound (NEIGHBOUR_SMS_PER_IMAGE); None where none is."""
+    def compute_bound(b: int, s: int) -> bool:
+        return NEIGHBOUR_SMS_PER_IMAGE * b >= s
+    if (batch, sms) in measured:
+        return batch, sms
+    if not compute_bound(batch, sms):
         return None
-    near = [b for b in set(measured) if compute_bound(b)]
-    return min(near, key=lambda b: (abs(math.log2(b / batch)), -b)) if near else None
+    near = [(b, s) for b, s in set(measured) if compute_bound(b, s)]
+    if not near:
+        return None
+    # octaves apart in images per SM; on a tie the more images per SM, then the more SMs
+    return min(near, key=lambda m: (abs(math.log2(m[0] * sms / (m[1] * batch))), -m[0] / m[1], -m[1]))
 
 
-def neighbour_tiles_notice(device: str, sms: int, precision: str, batch: int, measured: int) -> str:
-    """What the executor says when a neighbouring batch's file stands in for this batch's."""
-    return (f"no measured tiles for {device} ({sms} SMs), {precision}, batch {batch}: those of batch {measured}; "
+def neighbour_tiles_notice(device: str, sms: int, precision: str, batch: int, found: Found) -> str:
+    """What the executor says when a neighbouring batch's file, or another SM count's, stands in."""
+    which = (f"those of batch {found.batch}" if found.sms == sms else
+             f"those measured on {found.sms} SMs at batch {found.batch}")
+    return (f"no measured tiles for {device} ({sms} SMs), {precision}, batch {batch}: {which}; "
             f"`jetson-tune --precision {precision} --batch {batch}` measures this batch's once (a few minutes)")
 
 
 def find_tiles(config: Any, device: str, sms: int, precision: str, batch: int,
-               dirs: Optional[Sequence[Path]] = None) -> Optional[Tuple[Path, Dict[str, TileChoice], int]]:
-    """(path, tiles, the batch they were measured at) of the first tuning file for this (device, SMs,
-    precision, batch) whose config matches; else those of the neighbouring batch's file
-    (neighbour_batch), which the run then takes as it was measured (every rule at that batch:
-    Ctx.tile_batch); else None. A file that exists but does not fit (another config, corrupt) is
-    skipped, not fatal: the built-in tiles always work."""
+               dirs: Optional[Sequence[Path]] = None) -> Optional[Found]:
+    """The first tuning file for this (device, SMs, precision, batch) whose config matches; else the
+    neighbouring batch's (neighbour_load) among this SM count's files, or, where this device has none
+    for this SM count, among its files for other SM counts (an Orin Nano 4GB takes the 8-SM files at
+    twice its batch), which the run then takes as it was measured (every rule at that batch and SM
+    count: Ctx.tile_batch, Ctx.sms); else None. A file that exists but does not fit (another config,
+    corrupt) is skipped, not fatal: the built-in tiles always work."""
     dirs = tiles_dirs() if dirs is None else dirs
     name = file_name(device, sms, precision, batch)
     for d in dirs:
         path = Path(d) / name
         if path.is_file():
             try:
-                return path, load_tiles(path, precision, batch, sms, config), int(batch)
+                return Found(path, load_tiles(path, precision, batch, sms, config), int(batch), int(sms))
             except ConfigError:
                 continue
-    files = {b: (path, tiles) for b, path, tiles in usable_files(config, file_name(device, sms, precision, "*"),
-                                                                  sms, precision, dirs)}
-    near = neighbour_batch(batch, list(files), sms)
-    return None if near is None else (files[near][0], files[near][1], near)
+    files = {(b, s): (path, tiles) for b, s, path, tiles in usable_files(config, precision, dirs, device=device)}
+    own = [m for m in files if m[1] == sms]
+    near = neighbour_load(batch, sms, own or list(files))
+    return None if near is None else Found(files[near][0], files[near][1], near[0], near[1])
 
 
-def usable_files(config: Any, pattern: str, sms: int, precision: str,
-                 dirs: Sequence[Path]) -> List[Tuple[int, Path, Dict[str, TileChoice]]]:
-    """(batch, path, tiles) of each tuning file matching `pattern` in `dirs` that fits this SM count,
-    precision and config, the first folder winning per file name."""
-    out: List[Tuple[int, Path, Dict[str, TileChoice]]] = []
+def usable_files(config: Any, precision: str, dirs: Sequence[Path], device: Optional[str] = None,
+                 sms: Optional[int] = None) -> List[Tuple[int, int, Path, Dict[str, TileChoice]]]:
+    """(batch, SM count, path, tiles) of each tuning file in `dirs` for this precision and config, of
+    this device and SM count where given (else of any), the first folder winning per file name."""
+    out: List[Tuple[int, int, Path, Dict[str, TileChoice]]] = []
     seen = set()
     for d in dirs:
-        for path in sorted(Path(d).glob(pattern)):
-            if path.name in seen:
+        for path in sorted(Path(d).glob(f"tiles-*-{precision}-b*.json")):
+            m = FILE_NAME.fullmatch(path.name)
+            if m is None or path.name in seen:
                 continue
             seen.add(path.name)
+            if (device is not None and m["device"] != device_slug(device)) or (sms is not None and int(m["sms"]) != sms):
+                continue
             try:
-                batch = int(path.stem.rsplit("-b", 1)[1])
-                out.append((batch, path, load_tiles(path, precision, batch, sms, config)))
-            except (ConfigError, ValueError):
+                batch, count = int(m["batch"]), int(m["sms"])
+                out.append((batch, count, path, load_tiles(path, precision, batch, count, config)))
+            except ConfigError:
                 continue
     return out
 
@@ -309,6 +336,5 @@ def tile_files(config: Any, sms: int, precision: str,
     Their tiles join the module of every run of that SM count and precision (ops.specs.all_tile_keys),
     so a batch size with a file of its own, or running its neighbour's (find_tiles), compiles nothing
     of its own."""
-    files = usable_files(config, file_name("*", sms, precision, "*"), sms, precision,
-                         tiles_dirs() if dirs is None else dirs)
-    return [(b, tiles) for b, _path, tiles in files]
+    files = usable_files(config, precision, tiles_dirs() if dirs is None else dirs, sms=sms)
+    return [(b, tiles) for b, _sms, _path, tiles in files]

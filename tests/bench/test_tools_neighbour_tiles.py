@@ -30,14 +30,16 @@ def tuned_file(weights, folder: Path, sms: int, batch: int) -> str:
 
 
 @pytest.mark.parametrize("sms, batch, files, labels", [
-    (8, 2, (1, 4), ["built-in", "b1's file", "b4's file"]),
-    (132, 4, (16,), ["built-in", "b16's file as b4"]),
+    (8, 2, ("1", "4"), ["built-in", "b1's file", "b4's file"]),
+    (132, 4, ("16",), ["built-in", "b16's file as b4"]),
+    (16, 2, ("1@8",), ["built-in", "b1@8 as b2"]),        # another SM count's file: as this batch's own
 ])
 def test_each_file_runs_as_a_neighbour_or_as_this_batchs_own(tmp_path, monkeypatch, capsys, sms, batch, files, labels):
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path))
     monkeypatch.setattr(KernelSet, "_cache", {})
     weights, _ = bench_weights()
-    names = {b: tuned_file(weights, tmp_path, sms, b) for b in files}
+    at = {f: neighbour_tiles.file_arg(f) for f in files}
+    names = {f: tuned_file(weights, tmp_path, s or sms, b) for f, (b, s) in at.items()}
     fake = FakeBackend(sms=sms)
     monkeypatch.setattr(neighbour_tiles, "cupy_backend", lambda tool, n: fake)
     monkeypatch.setattr(neighbour_tiles, "build_shards", lambda: 1)
@@ -47,8 +49,8 @@ def test_each_file_runs_as_a_neighbour_or_as_this_batchs_own(tmp_path, monkeypat
         ran.append((ex.tiles_from and Path(ex.tiles_from).name, ex.tile_batch))
         return 1.0 + len(ran) % 3
     monkeypatch.setattr(tune, "graph_ms", graph_ms)
-    assert neighbour_tiles.main(["--batch", str(batch), "--files", *map(str, files)]) == 0
-    runs = [(None, None)] + [(names[b], b) if sms == 8 else ("given", None) for b in files]
+    assert neighbour_tiles.main(["--batch", str(batch), "--files", *files]) == 0
+    runs = [(None, None)] + [(names[f], at[f][0]) if sms == 8 else ("given", None) for f in files]
     assert ran == runs * 3
     assert len(fake.compiled) == 1                                     # one module for every executor
     out = capsys.readouterr().out.splitlines()
@@ -60,4 +62,13 @@ def test_a_missing_file_is_named(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(neighbour_tiles, "cupy_backend", lambda tool, n: FakeBackend(sms=8))
     with pytest.raises(SystemExit, match="no tuning file for fake \\(8 SMs\\), fp16, batch 3"):
         neighbour_tiles.main(["--batch", "2", "--files", "3"])
+    with pytest.raises(SystemExit, match="no tuning file for fake \\(4 SMs\\), fp16, batch 1"):
+        neighbour_tiles.main(["--batch", "2", "--files", "1@4"])
+
+
+def test_a_files_entry_is_a_batch_or_a_batch_at_an_sm_count():
+    assert neighbour_tiles.file_arg("4") == (4, None)
+    assert neighbour_tiles.file_arg("2@8") == (2, 8)
+    with pytest.raises(Exception, match="B or B@S"):
+        neighbour_tiles.file_arg("2@x")
 

@@ -128,7 +128,7 @@ def test_tuning_files_join_the_module_of_their_sm_count(tmp_path, monkeypatch):
         be = CubinBackend()                                   # device "fake", 8 SMs
         with GpuExecutor(w, "fp16", batch=batch, backend=be, policy=KernelPolicy(tiles=tiles)) as ex:
             found = tiles is None                              # "other"'s b4 file is not this device's;
-            # its own b1 file stands in at every batch on 8 SMs (ops.tuning.neighbour_batch)
+            # its own b1 file stands in at every batch on 8 SMs (ops.tuning.neighbour_load)
             assert ex.tiles_from == (str(tmp_path / "tiles-fake-8sm-fp16-b1.json") if found else None)
             assert ex.tile_batch == (1 if found and batch != 1 else None)
             assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1

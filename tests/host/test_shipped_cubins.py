@@ -19,14 +19,15 @@ from jetson_unet.build.cache import CubinCache
 from jetson_unet.build.loader import load_module
 from jetson_unet.build.sources import module_source, nvrtc_options
 from jetson_unet.errors import UsageError
-from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.executor.executor import GpuExecutor, run_context
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import CAT, build_plan
 from jetson_unet.model.weights import load_weights
 from jetson_unet.ops.common import Ctx
 from jetson_unet.ops.keys import SimpleKey
 from jetson_unet.ops.specs import all_tile_keys, op_key
-from jetson_unet.ops.tuning import find_tiles, tile_files
+from jetson_unet.ops.policy import KernelPolicy
+from jetson_unet.ops.tuning import FILE_NAME, tile_files
 from jetson_unet.paths import shipped_cubins_dir, shipped_tiles_dir
 from jetson_unet.pipeline import default_weights_path
 from tools import build_kernels
@@ -131,45 +132,53 @@ def test_every_gpu_and_batch_asks_for_a_shipped_module(weights, planned):
 
 def test_every_batch_a_shipped_tuning_file_serves_stays_in_its_module(weights):
     """A batch without a file of its own that runs a neighbouring batch's shipped file (at that
-    batch's rules: Ctx.tile_batch) asks for no kernel outside the module of its SM count."""
+    batch's rules: Ctx.tile_batch), or a file of another SM count of its GPU (an Orin Nano 4GB or an
+    AGX Orin, the 8-SM files: at that count's rules and in its module), asks for no kernel outside
+    the module it loads."""
     plan = build_plan(weights.config)
-    views = view_layout(plan)
     ops = [op for op in plan.ops if op.kind != CAT]
     shipped = shipped_tiles_dir()
-    devices = {tuple(p.stem.split("-fp16-")[0].rsplit("-", 1)) for p in shipped.glob("tiles-*-fp16-b*.json")}
-    served = 0
-    for slug, count in sorted(devices):
-        sms = int(count[:-2])
-        tuned = tile_files(weights.config, sms, "fp16", (shipped,))
-        keys = set(all_tile_keys(Ctx(plan, weights.params, "fp16", 1, sms, views), tuned))
+    names = [FILE_NAME.fullmatch(p.name) for p in shipped.glob("tiles-*-fp16-b*.json")]
+    devices = {(m["device"], int(m["sms"])) for m in names} | {("orin", sms) for sms in GPU_SMS[87]}
+    policy = KernelPolicy(tile_dirs=[shipped])
+    served = set()
+    for device, sms in sorted(devices):
         for b in (1, 2, 3, 5, 8, 12, 16, 24, 32, 48, 64, 128):
-            found = find_tiles(weights.config, slug[len("tiles-"):], sms, "fp16", b, (shipped,))
-            if found is None:
+            ctx, source, tile_batch, tile_sms, tuned = run_context(weights, plan, "fp16", b, device, sms, policy)
+            if source is None:
                 continue
-            ctx = Ctx(plan, weights.params, "fp16", b, sms, views, tiles=found[1], tile_batch=found[2])
             own = {op_key(op, ctx) for op in ops}
-            assert own <= keys, f"{slug} batch {b}: {sorted(k.symbol for k in own - keys)}"
-            served += found[2] != b
-    assert served > 20
+            missing = own - set(all_tile_keys(ctx, tuned))
+            assert not missing, f"{device} ({sms} SMs) batch {b}: {sorted(k.symbol for k in missing)}"
+            served.add((tile_batch is not None, tile_sms is not None))
+    assert served == {(False, False), (True, False), (True, True)}
 
 
-@pytest.mark.parametrize("arch, sms, device", [(90, 132, "NVIDIA H100 80GB HBM3"), (87, 8, "Orin")])
-def test_a_run_loads_the_shipped_module_and_compiles_nothing(weights, tmp_path, monkeypatch, arch, sms, device):
-    """Batch 1, 2 and 16 on an H100 (1 and 16 with their own tuning files, 2 with the built-in tiles)
-    and 1, 3 and 16 on an Orin Nano (its batch-1 and batch-16 files, the batch-4 file standing in at
-    3): one shipped module."""
+H100 = "tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b{}.json"
+ORIN = "tiles-orin-8sm-fp16-b{}.json"
+
+
+@pytest.mark.parametrize("arch, sms, device, runs", [
+    # batch 1 and 16 with their own tuning files, 2 with the built-in tiles
+    (90, 132, "NVIDIA H100 80GB HBM3", {1: (H100.format(1), None, None), 2: (None, None, None),
+                                        16: (H100.format(16), None, None)}),
+    # an Orin Nano 8GB: its batch-1 and batch-16 files, the batch-4 file standing in at 3
+    (87, 8, "Orin", {1: (ORIN.format(1), None, None), 3: (ORIN.format(4), 4, None), 16: (ORIN.format(16), None, None)}),
+    # an Orin Nano 4GB: the 8-SM files at twice the batch, in the 8-SM module
+    (87, 4, "Orin", {1: (ORIN.format(2), 2, 8), 2: (ORIN.format(4), 4, 8), 8: (ORIN.format(16), 16, 8)}),
+])
+def test_a_run_loads_the_shipped_module_and_compiles_nothing(weights, tmp_path, monkeypatch, arch, sms, device, runs):
+    """Three batch sizes, each the tiles it should take, and one shipped module for all of them."""
     monkeypatch.setenv("JETSON_UNET_CACHE", str(tmp_path))
     monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path / "no-user-tiles"))   # the shipped tuning files only
     nv = cupy_nvrtc(monkeypatch)
     be = CubinBackend(arch=arch)
     be._sms, be.device_name = sms, lambda: device
-    tiles = []
-    for batch in (1, 2, 16) if arch == 90 else (1, 3, 16):   # one module, kept in memory for every batch
+    took = {}
+    for batch in runs:   # one module, kept in memory for every batch
         with GpuExecutor(weights, "fp16", batch=batch, backend=be) as ex:
-            tiles.append((ex.tiles_from and Path(ex.tiles_from).name, ex.tile_batch))
-    name = "tiles-nvidia-h100-80gb-hbm3-132sm-fp16-b{}.json" if arch == 90 else "tiles-orin-8sm-fp16-b{}.json"
-    assert tiles == ([(name.format(1), None), (None, None), (name.format(16), None)] if arch == 90 else
-                     [(name.format(1), None), (name.format(4), 4), (name.format(16), None)])
+            took[batch] = (ex.tiles_from and Path(ex.tiles_from).name, ex.tile_batch, ex.tile_sms)
+    assert took == runs
     assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1, REBUILD
     assert be.loads[0].parent == shipped_cubins_dir() and not list(tmp_path.rglob("*.cubin"))
 

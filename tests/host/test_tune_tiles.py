@@ -274,6 +274,30 @@ def test_the_whole_call_decides_what_the_tuning_file_holds(weights, tmp_path, mo
     assert tiles == {op.out: candidates(op, ctx)[0] for op in plan.ops if tunable(op, ctx)}
 
 
+def test_tiles_in_use_from_another_sm_count_bring_no_module_of_their_own(weights, tmp_path, monkeypatch, capsys):
+    """On a 4-SM board whose tiles in use are the 8-SM files (twice its batch: ops.tuning.find_tiles),
+    the tuner times them as the executor runs them, in the 8-SM module, whose kernels join the split
+    rounds' build: the whole-call rounds compile nothing more (on a Jetson's CPU a module set takes
+    minutes)."""
+    from jetson_unet.ops.tuning import file_name
+    fake = TimedFake()
+    fake._sms = 4
+    monkeypatch.setattr(tune, "get_backend", lambda name, sms=None: fake)
+    monkeypatch.setattr(tune, "graph_ms", lambda ex, backend, x, iters=100: 1.0 + (ex.tile_sms or 0))
+    shipped = json.loads((SHIPPED / "tiles-orin-8sm-fp16-b2.json").read_text())
+    shipped.update(device="fake")
+    (tmp_path / file_name("fake", 8, "fp16", 2)).write_text(json.dumps(shipped))
+    builds = []
+    settle = tune.settle_file
+    monkeypatch.setattr(tune, "settle_file", lambda *a, **k: (builds.append(len(fake.compiled)), settle(*a, **k)))
+    assert tune.main(["--batch", "1", "--out-dir", str(tmp_path), "--quiet", "--split-top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "tiles-fake-8sm-fp16-b2.json (the tiles of batch 2 on 8 SMs, which batch 1 runs without a file)" in out
+    assert len(fake.compiled) == builds[0]                             # settle_file compiled nothing
+    doc = json.loads((tmp_path / file_name("fake", 4, "fp16", 1)).read_text())
+    assert doc["graph_ms_in_use"] == 9.0 and doc["chosen"] != "in use"
+
+
 def test_whole_call_timings_alternate_fresh_executors(weights, monkeypatch):
     """time_calls: each tile set in turn, a fresh executor each round, the median per set."""
     fake, order = TimedFake(), []
@@ -386,7 +410,7 @@ def test_a_tuning_file_for_other_conditions_or_a_bad_tile_is_refused(weights, tm
 
 def test_find_tiles_skips_a_file_of_another_config(weights, tmp_path):
     from jetson_unet.model.config import UNetConfig
-    from jetson_unet.ops.tuning import dump_tiles, file_name, find_tiles
+    from jetson_unet.ops.tuning import Found, dump_tiles, file_name, find_tiles
     t = {"downs.0.block1.conv1": TileChoice(32, 32, 2, 2, 64, 3, 0)}
     meta = {"device": "fake", "sms": 8, "precision": "fp16", "batch": 1}
     path = tmp_path / file_name("fake", 8, "fp16", 1)
@@ -394,7 +418,7 @@ def test_find_tiles_skips_a_file_of_another_config(weights, tmp_path):
     assert find_tiles(weights.config, "fake", 8, "fp16", 1, dirs=[tmp_path]) is None
     dump_tiles(path, t, dict(meta, config=weights.config.to_dict()))
     found = find_tiles(weights.config, "fake", 8, "fp16", 1, dirs=[tmp_path])
-    assert found == (path, t, 1)
+    assert found == Found(path, t, 1, 8)
     assert find_tiles(weights.config, "fake", 8, "bf16", 1, dirs=[tmp_path]) is None
 
 
@@ -408,14 +432,30 @@ def test_find_tiles_skips_a_file_of_another_config(weights, tmp_path):
     (8, (), {1: None, 4: None}),
 ])
 def test_a_batch_without_a_file_takes_its_nearest_neighbours_where_both_are_compute_bound(sms, measured, want):
-    from jetson_unet.ops.tuning import neighbour_batch
-    assert {b: neighbour_batch(b, measured, sms) for b in want} == want
+    from jetson_unet.ops.tuning import neighbour_load
+    near = {b: neighbour_load(b, sms, [(m, sms) for m in measured]) for b in want}
+    assert {b: m and m[0] for b, m in near.items()} == want and all(m is None or m[1] == sms for m in near.values())
+
+
+@pytest.mark.parametrize("sms, measured, want", [
+    # an Orin Nano 4GB with the 8-SM files: the same images per SM (twice the batch), else the nearest
+    # in octaves, the more images per SM on a tie
+    (4, ((1, 8), (2, 8), (4, 8), (16, 8)), {1: (2, 8), 2: (4, 8), 3: (4, 8), 4: (16, 8), 8: (16, 8), 64: (16, 8)}),
+    # an AGX Orin's 16 SMs: half the batch; batch 1 (one image per 16 SMs) is not compute-bound
+    (16, ((1, 8), (2, 8), (4, 8), (16, 8)), {1: None, 2: (1, 8), 4: (2, 8), 8: (4, 8), 32: (16, 8)}),
+    # the same images per SM at two SM counts: the larger count
+    (4, ((2, 8), (4, 16)), {1: (4, 16)}),
+])
+def test_another_sm_counts_file_stands_in_at_the_nearest_images_per_sm(sms, measured, want):
+    from jetson_unet.ops.tuning import neighbour_load
+    assert {b: neighbour_load(b, sms, measured) for b in want} == want
 
 
 def test_find_tiles_falls_back_to_a_neighbouring_batch_of_the_same_gpu(weights, tmp_path):
-    """Another GPU's file, or one of another SM count, never stands in; this GPU's own file does,
-    from either folder, the first folder winning per file name."""
-    from jetson_unet.ops.tuning import dump_tiles, file_name, find_tiles
+    """Another GPU's file never stands in; this GPU's own file does, from either folder, the first
+    folder winning per file name; a file of another SM count of this GPU only where it has none for
+    this SM count (at the nearest images per SM)."""
+    from jetson_unet.ops.tuning import Found, dump_tiles, file_name, find_tiles
     t1 = {"downs.0.block1.conv1": TileChoice(32, 32, 2, 2, 64, 3, 0)}
     t4 = {"downs.0.block1.conv1": TileChoice(64, 32, 2, 2, 64, 3, 0)}
     user, shipped = tmp_path / "user", tmp_path / "shipped"
@@ -427,16 +467,24 @@ def test_find_tiles_falls_back_to_a_neighbouring_batch_of_the_same_gpu(weights, 
         dump_tiles(folder / file_name(device, sms, "fp16", batch), tiles, meta)
         return folder / file_name(device, sms, "fp16", batch)
 
+    def find(sms, batch):
+        return find_tiles(weights.config, "fake", sms, "fp16", batch, dirs=[user, shipped])
+
     put(shipped, "other", 8, 4, t4)
-    put(shipped, "fake", 16, 4, t4)
-    assert find_tiles(weights.config, "fake", 8, "fp16", 2, dirs=[user, shipped]) is None
-    b1 = put(user, "fake", 8, 1, t1)
-    assert find_tiles(weights.config, "fake", 8, "fp16", 2, dirs=[user, shipped]) == (b1, t1, 1)
+    put(shipped, "fake-x", 8, 4, t4)               # another device, whose name begins with this one's
+    assert find(8, 2) is None
+    b4x16 = put(shipped, "fake", 16, 4, t4)        # another SM count of this GPU: 0.25 images per SM
+    assert find(8, 2) == Found(b4x16, t4, 4, 16)
+    assert find(8, 3) == Found(b4x16, t4, 4, 16)
+    assert find(16, 1) is None                     # 16 SMs, batch 1: not compute-bound
+    b1 = put(user, "fake", 8, 1, t1)               # a file for 8 SMs: only 8-SM files stand in now
+    assert find(8, 2) == Found(b1, t1, 1, 8)
     b4 = put(shipped, "fake", 8, 4, t4)
-    assert find_tiles(weights.config, "fake", 8, "fp16", 2, dirs=[user, shipped]) == (b4, t4, 4)
-    assert find_tiles(weights.config, "fake", 8, "fp16", 1, dirs=[user, shipped]) == (b1, t1, 1)
-    put(user, "fake", 8, 4, t1)                      # the user's batch-4 file comes first
-    assert find_tiles(weights.config, "fake", 8, "fp16", 16, dirs=[user, shipped]) == (user / b4.name, t1, 4)
+    assert find(8, 2) == Found(b4, t4, 4, 8)
+    assert find(8, 1) == Found(b1, t1, 1, 8)
+    assert find(4, 1) == Found(b4x16, t4, 4, 16)   # 4 SMs, none of its own: 0.25 images per SM, as b4@16
+    put(user, "fake", 8, 4, t1)                    # the user's batch-4 file comes first
+    assert find(8, 16) == Found(user / b4.name, t1, 4, 8)
 
 
 def test_shipped_tiles_are_valid_for_the_shipped_model(weights):
@@ -532,6 +580,12 @@ def test_a_gpu_without_measured_tiles_is_told_how_to_measure_them(weights, tmp_p
     assert ex.tiles_from == str(tmp_path / file_name("fake", 8, "fp16", 2)) and ex.tile_batch == 2
     assert said == ["no measured tiles for fake (8 SMs), fp16, batch 3: those of batch 2; "
                     "`jetson-tune --precision fp16 --batch 3` measures this batch's once (a few minutes)"]
+    said.clear()
+    ex = GpuExecutor(weights, "fp16", batch=1, backend=FakeBackend(sms=4))   # another SM count's: its module too
+    assert (ex.tiles_from, ex.tile_batch, ex.tile_sms) == (str(tmp_path / file_name("fake", 8, "fp16", 2)), 2, 8)
+    assert ex.kernels.symbols == GpuExecutor(weights, "fp16", batch=2, backend=FakeBackend(sms=8)).kernels.symbols
+    assert said[0] == ("no measured tiles for fake (4 SMs), fp16, batch 1: those measured on 8 SMs at batch 2; "
+                       "`jetson-tune --precision fp16 --batch 1` measures this batch's once (a few minutes)")
 
 
 def heuristic(weights, batch: int, sms: int, precision: str = "fp16"):
