@@ -11,7 +11,7 @@ rule at the file's batch), found alone in a scratch folder; where the neighbour 
 (ops.tuning.neighbour_load), its tiles run as this batch's own ("as b<batch>": split-K and the
 untuned ops follow the batch). What the rule's threshold rests on (docs/kernels.md, "Measured tiles").
 `B@S` names the file of batch B measured on S SMs of this GPU, its tiles run as this batch's own: how
-far tiles carry to another SM count at the same images per SM (the 4-SM defaults, docs/kernels.md).
+far tiles carry to another SM count at the same images per SM (docs/kernels.md, an SM count without files).
 """
 from __future__ import annotations
 
@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from jetson_unet.bench.timing import bench_weights
-from jetson_unet.model.arena import view_layout
-from jetson_unet.model.plan import CAT, build_plan
-from jetson_unet.ops.common import Ctx
+from jetson_unet.executor.executor import run_context
+from jetson_unet.model.plan import build_plan
 from jetson_unet.ops.policy import BUILTIN, KernelPolicy
-from jetson_unet.ops.specs import all_tile_keys, op_key
-from jetson_unet.ops.tuning import file_name, find_tiles, neighbour_load, tile_files
+from jetson_unet.ops.specs import module_keys
+from jetson_unet.ops.tuning import file_name, find_tiles, neighbour_load
 from jetson_unet.tune import build_shards, time_calls
 from tools.lab import cupy_backend
 
@@ -64,16 +63,13 @@ def policies(weights, device: str, sms: int, batch: int, files: List[Tuple[int, 
     return out
 
 
-def module_keys(weights, sms: int, batch: int, calls: Dict[str, KernelPolicy], device: str) -> List:
-    """Every key of every variant and of every tuning file: one module text for all executors."""
+def shared_keys(weights, sms: int, batch: int, calls: Dict[str, KernelPolicy], device: str) -> List:
+    """Every key of every variant's module (executor.run_context): one module text for all executors."""
     plan = build_plan(weights.config)
-    views = view_layout(plan)
-    keys = set(all_tile_keys(Ctx(plan, weights.params, PRECISION, batch, sms, views),
-                             tile_files(weights.config, sms, PRECISION)))
+    keys = set()
     for p in calls.values():
-        tiles, _src, tile_batch, tile_sms = p.resolve(weights.config, device, sms, PRECISION, batch)
-        ctx = Ctx(plan, weights.params, PRECISION, batch, tile_sms or sms, views, tiles=tiles, tile_batch=tile_batch)
-        keys.update(op_key(op, ctx) for op in plan.ops if op.kind != CAT)
+        ctx, *_, tuned = run_context(weights, plan, PRECISION, batch, device, sms, p)
+        keys.update(module_keys(ctx, tuned))
     return sorted(keys, key=lambda k: k.symbol)
 
 
@@ -92,7 +88,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     device, sms = backend.device_name(), backend.sm_count()
     with tempfile.TemporaryDirectory() as scratch:
         calls = policies(weights, device, sms, args.batch, args.files, Path(scratch))
-        keys = module_keys(weights, sms, args.batch, calls, device)
+        keys = shared_keys(weights, sms, args.batch, calls, device)
         ms, _eps = time_calls(weights, PRECISION, args.batch, backend, calls, keys, build_shards(), {})
     base = ms["built-in"]
     print(f"{device}, {sms} SMs, {PRECISION} batch {args.batch}, one call as a graph replay, median of 3 rounds:")
