@@ -219,12 +219,17 @@ def tune(weights: Any, precision: str, batch: int, backend: Any, extra: Sequence
     return dict(meta, candidate_us={n: [[round(us, 3), label] for us, label in timed[n]] for n in names})
 
 
+def in_use_dirs(out_dir: Path) -> List[Path]:
+    """Where the tiles in use are looked for: this run's output folder first, then the executor's."""
+    return [out_dir, *tiles_dirs()]
+
+
 def in_use_keys(weights: Any, precision: str, batch: int, backend: Any, out_dir: Path, memo: Dict[Any, Any]) -> set:
     """The module keys of the run settle_file times as "in use": every executor of the split rounds and of
     settle_file then has the same module (a file of another SM count brings that count's module)."""
     plan = build_plan(weights.config)
     ctx, *_, tuned = run_context(weights, plan, precision, batch, backend.device_name(), backend.sm_count(),
-                                 KernelPolicy(tile_dirs=[out_dir, *tiles_dirs()]), memo)
+                                 KernelPolicy(tile_dirs=in_use_dirs(out_dir)), memo)
     return set(module_keys(ctx, tuned))
 
 
@@ -237,7 +242,7 @@ def settle_file(weights: Any, precision: str, batch: int, backend: Any, tiles: D
     can lose as a whole call: on the H200 a batch-64 re-tune picked 29 tiles that each timed faster
     alone and ran the call in 2.024 / 2.027 ms against the shipped file's 2.018 / 2.018 (2026-11-29)."""
     cfg, device, sms = weights.config, meta["device"], meta["sms"]
-    dirs = [out_dir, *tiles_dirs()]
+    dirs = in_use_dirs(out_dir)
     in_use = find_tiles(cfg, device, sms, precision, batch, dirs)   # this batch's file, or a neighbour's
     calls = {"built-in": KernelPolicy(tiles=BUILTIN), "tuned": KernelPolicy(tiles=tiles)}
     if in_use is not None:
