@@ -46,7 +46,8 @@ from jetson_unet.backends import get_backend
 from jetson_unet.bench.timing import bench_weights, per_op_times, timed
 from jetson_unet.cli import _Parser, _run, add_verbosity, number, set_verbosity
 from jetson_unet.files import atomic_open, check_writable, writing
-from jetson_unet.executor.executor import GpuExecutor, run_context
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.ops.policy import run_context
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import build_plan
 from jetson_unet.ops.common import Ctx, TileChoice

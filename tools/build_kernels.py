@@ -40,10 +40,12 @@ from jetson_unet.model.weights import load_weights
 from jetson_unet.paths import shipped_cubins_dir
 from jetson_unet.pipeline import default_weights_path
 
-# arch -> SM counts: sm_72 Xavier NX / AGX; sm_75 T4; sm_80 A100; sm_86 A40; sm_87 Orin Nano 4 GB and
-# 8 GB; sm_89 RTX 4090; sm_90 an 8-SM slice, H100 PCIe, H100 SXM / H200. Any other SM count without a
-# tuning file of its own asks for the module of a count here without one (tests/host/test_shipped_cubins.py
-# checks the SM counts of each arch's GPUs); fp16 needs sm_80+ (aot.target_precisions).
+# arch -> SM counts: sm_72 Xavier NX / AGX; sm_75 T4; sm_80 A100; sm_86 A40; sm_87 Orin Nano 8 GB and 4
+# (the module of every SM count without tuning files: fp32, an AGX Orin's batch 1; the Orin Nano 4GB's fp16
+# runs take the 8-SM files and module); sm_89 RTX 4090; sm_90 an 8-SM slice, H100 PCIe, H100 SXM / H200.
+# Any other SM count without a tuning file of its own asks for the module of a count here without one
+# (tests/host/test_shipped_cubins.py checks the SM counts of each arch's GPUs); fp16 needs sm_80+
+# (aot.target_precisions). The targets name no device, so each SM count plans its own module.
 SHIP_SMS = {72: (6, 8), 75: (40,), 80: (108,), 86: (84,), 87: (4, 8), 89: (128,), 90: (8, 114, 132)}
 SHIP_NVRTC = {arch: ("nvrtc 12.2", "nvrtc 13.0") if arch == 90 else ("nvrtc 11.8",) for arch in SHIP_SMS}
 SHIP_PRECISIONS = ("fp16", "fp32")   # bf16 (2.5 MB a module) compiles on first use

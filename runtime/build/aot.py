@@ -5,9 +5,11 @@ weights file's config, per target arch and precision, built into the cubin cache
 A module is what GpuExecutor asks KernelSet for (ops.specs.module_keys): every instantiation the tile
 rules pick on a grid of batch sizes and SM counts, the tiles of the tuning files of the run's SM count,
 and the run's own keys, for one precision. So one module serves every batch size up to 64 and every
-SM count without a tuning file of its own; a target is an arch and the SM counts of the boards that
-carry it (JETSON_SMS; `--sms` overrides; `native` asks this machine's GPU), and every batch asked for
-(and the half-batches of cpu mode) is covered, duplicates dropped.
+SM count without a tuning file of its own; a target is an arch, the SM counts of the boards that
+carry it (JETSON_SMS; `--sms` overrides; `native` asks this machine's GPU) and their GPU's name
+(JETSON_DEVICES), and every batch asked for (and the half-batches of cpu mode) is covered, duplicates
+dropped. A board whose run takes its GPU's tuning files of another SM count gets that count's module,
+as the executor does (an Orin Nano 4GB: the 8-SM module, shipped).
 
 Compilers (pick_compiler): a libnvrtc.so named by --nvrtc or $JETSON_UNET_NVRTC, for every arch; else
 NVRTC through CuPy's binding when CuPy is importable (the toolchain the runtime itself compiles
@@ -34,11 +36,14 @@ from jetson_unet.build.loader import shipped_cache
 from jetson_unet.build.sources import MIN_TC_ARCH, module_source, nvrtc_options
 from jetson_unet.ops.common import Ctx
 from jetson_unet.ops import specs
+from jetson_unet.ops.policy import KernelPolicy, run_context
 from jetson_unet.ops.tuning import tile_files
 
 COMPILERS = ("auto", "nvrtc", "nvcc")
 # SM counts of the boards of an arch (CUDA cores / 128 on Ampere, / 64 on Volta).
 JETSON_SMS: Dict[int, Tuple[int, ...]] = {72: (6, 8), 87: (4, 8)}
+# The name the boards' GPU reports, which names its tuning files (runtime/tiles/tiles-orin-8sm-*).
+JETSON_DEVICES: Dict[int, str] = {72: "Xavier", 87: "Orin"}
 BOARDS = {(72, 6): "Xavier NX", (72, 8): "AGX Xavier", (87, 4): "Orin Nano 4GB",
           (87, 8): "Orin Nano 8GB / Orin NX", (87, 14): "AGX Orin 32GB", (87, 16): "AGX Orin 64GB"}
 Out = Callable[[str], None]
@@ -49,16 +54,24 @@ class Target:
     arch: int
     sms: Tuple[int, ...]
     label: str
+    device: Optional[str] = None   # the GPU's name where known: its tuning files of other SM counts count
 
 
 def module_keys(weights: Any, precision: str, batch: int, sms: int, tiles: Optional[Mapping[str, Any]] = None,
-                dirs: Optional[Sequence[Any]] = None) -> List[Any]:
+                dirs: Optional[Sequence[Any]] = None, device: Optional[str] = None) -> List[Any]:
     """The keys GpuExecutor(weights, precision, batch, policy=KernelPolicy(tiles=tiles, tile_dirs=dirs))
-    hands KernelSet on a GPU with `sms` SMs (tiles: a tuning file's; None or {}: the built-in tiles or
-    whichever tuning file of `dirs` the run finds, whose tiles are in the module either way)."""
+    hands KernelSet on a GPU named `device` with `sms` SMs (tiles: a tuning file's; None or {}: the
+    built-in tiles or whichever tuning file of `dirs` the run finds, whose tiles are in the module
+    either way). With the device named, a run that takes its files of another SM count gets that
+    count's module (ops.policy.run_context: an Orin Nano 4GB runs the 8-SM module); without, the
+    module of `sms` itself."""
     plan = build_plan(weights.config)
-    ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=dict(tiles or {}))
-    return specs.module_keys(ctx, tile_files(weights.config, sms, precision, dirs))
+    if device is None or tiles:
+        ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=dict(tiles or {}))
+        return specs.module_keys(ctx, tile_files(weights.config, sms, precision, dirs))
+    ctx, *_, tuned = run_context(weights, plan, precision, batch, device, sms, KernelPolicy(tile_dirs=dirs),
+                                 quiet=True)
+    return specs.module_keys(ctx, tuned)
 
 
 def executor_batches(batches: Sequence[int]) -> List[int]:
@@ -73,7 +86,7 @@ def parse_targets(values: Sequence[str], sms: Optional[Sequence[int]] = None,
     for v in values:
         if v == "native":
             arch, n, name = (native or native_gpu)()
-            out.append(Target(arch, (n,), f"sm_{arch} (native: {name}, {n} SMs)"))
+            out.append(Target(arch, (n,), f"sm_{arch} (native: {name}, {n} SMs)", name))
             continue
         try:
             arch = int(v[3:] if v.startswith("sm_") else v)
@@ -84,7 +97,7 @@ def parse_targets(values: Sequence[str], sms: Optional[Sequence[int]] = None,
             raise UsageError(f"--arch {arch}: name the GPU's SM count with --sms (the tiles depend on it; e.g. "
                              "132 for an H100/H200), or run --arch native on that machine")
         boards = ", ".join(f"{n} SMs" + (f" {BOARDS[(arch, n)]}" if (arch, n) in BOARDS else "") for n in counts)
-        out.append(Target(arch, counts, f"sm_{arch} ({boards})"))
+        out.append(Target(arch, counts, f"sm_{arch} ({boards})", JETSON_DEVICES.get(arch)))
     return out
 
 
@@ -159,7 +172,7 @@ def plan_modules(weights: Any, t: Target, precision: str, batches: Sequence[int]
     modules: Dict[str, Tuple[List[str], List[int]]] = {}   # source -> (symbols, SM counts)
     for sms in t.sms:
         for b in executor_batches(batches):
-            keys = module_keys(weights, precision, b, sms)
+            keys = module_keys(weights, precision, b, sms, device=t.device)
             _, counts = modules.setdefault(module_source(keys), (sorted({k.symbol for k in keys}), []))
             if sms not in counts:
                 counts.append(sms)

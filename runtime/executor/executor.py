@@ -28,11 +28,11 @@ from jetson_unet.executor import memory
 from jetson_unet.backends import get_backend
 from jetson_unet.backends.base import Backend
 from jetson_unet.build.loader import KernelSet
-from jetson_unet.ops.common import (ELEM_BYTES, SMEM_LIMIT, Ctx, OpSpec, Resolver, from_device, storage_dtype,
+from jetson_unet.ops.common import (ELEM_BYTES, SMEM_LIMIT, OpSpec, Resolver, from_device, storage_dtype,
                                     to_device)
 from jetson_unet.ops.conv_pipe import PIPE_SCRATCH
 from jetson_unet.ops.specs import module_keys, op_spec
-from jetson_unet.ops.policy import KernelPolicy
+from jetson_unet.ops.policy import KernelPolicy, run_context
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -113,19 +113,6 @@ class _Addr(Resolver):
 
     def stats_in(self, op: Any) -> Tuple[int, int]:
         return self.ex.arena_ptr + self.ex.arena.regions["stats:" + op.x].offset, self.ex.stats_parts[op.x]
-
-
-def run_context(weights: Any, plan: Any, precision: str, batch: int, device: str, sms: int, policy: KernelPolicy,
-                memo: Optional[Dict[Any, Any]] = None) -> Tuple[Ctx, Optional[str], Optional[int], Optional[int], list]:
-    """How a run of `policy` on `sms` SMs of `device` picks its kernels, before anything is built: (its
-    Ctx, where its tiles come from, the batch and SM count they were measured at where another's file
-    stands in (KernelPolicy.resolve), the tuning files whose tiles join its module). A file of another
-    SM count brings its rules and its module: the run is, kernel for kernel, one of that SM count."""
-    tiles, source, tile_batch, tile_sms = policy.resolve(weights.config, device, sms, precision, batch)
-    sms = tile_sms or sms
-    ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=tiles,
-              memo={} if memo is None else memo, tile_batch=tile_batch)
-    return ctx, source, tile_batch, tile_sms, policy.module_tiles(weights.config, sms, precision)
 
 
 class GpuExecutor:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from jetson_unet.errors import UsageError
-from jetson_unet.ops.common import TileChoice
+from jetson_unet.model.arena import view_layout
+from jetson_unet.ops.common import Ctx, TileChoice
 from jetson_unet.ops.tuning import (builtin_tiles_notice, find_tiles, load_tiles, neighbour_tiles_notice,
                                     tile_files)
 
@@ -39,22 +40,25 @@ class KernelPolicy:
     def device_sms(self, backend: Any) -> int:
         return int(self.sms) if self.sms else int(backend.sm_count())
 
-    def resolve(self, config: Any, device: str, sms: int, precision: str,
-                batch: int) -> Tuple[Dict[str, TileChoice], Optional[str], Optional[int], Optional[int]]:
+    def resolve(self, config: Any, device: str, sms: int, precision: str, batch: int,
+                quiet: bool = False) -> Tuple[Dict[str, TileChoice], Optional[str], Optional[int], Optional[int]]:
         """(the tiles, where they come from, the batch and the SM count they were measured at): {} are
         the built-in tiles (source None); a tuning file's path; "given" for a mapping. The batch and SM
         count are None but where a neighbouring batch's file, or another SM count's, stands in
         (ops.tuning.find_tiles): the run then takes every rule as at that batch and SM count
-        (Ctx.tile_batch, Ctx.sms), and the module of that SM count."""
+        (Ctx.tile_batch, Ctx.sms), and the module of that SM count. quiet: without the notice that
+        says so (jetson-sample --prepare, which plans runs but makes none)."""
         t = self.tiles
         if t is None:
             found = find_tiles(config, device, sms, precision, batch, self.tile_dirs)
             if found is None:
-                log.info(builtin_tiles_notice(device, sms, precision, batch))
+                if not quiet:
+                    log.info(builtin_tiles_notice(device, sms, precision, batch))
                 return {}, None, None, None
             if (found.batch, found.sms) == (batch, sms):
                 return found.tiles, str(found.path), None, None
-            log.info(neighbour_tiles_notice(device, sms, precision, batch, found))
+            if not quiet:
+                log.info(neighbour_tiles_notice(device, sms, precision, batch, found))
             return found.tiles, str(found.path), found.batch, (None if found.sms == sms else found.sms)
         if isinstance(t, str) and t == BUILTIN:
             return {}, None, None, None
@@ -66,3 +70,17 @@ class KernelPolicy:
         """(batch, tiles) of the tuning files in this policy's folders for this SM count and precision,
         whichever tiles the run takes: they join every module of that SM count (ops.specs.all_tile_keys)."""
         return tile_files(config, sms, precision, self.tile_dirs)
+
+
+def run_context(weights: Any, plan: Any, precision: str, batch: int, device: str, sms: int, policy: KernelPolicy,
+                memo: Optional[Dict[Any, Any]] = None,
+                quiet: bool = False) -> Tuple[Ctx, Optional[str], Optional[int], Optional[int], list]:
+    """How a run of `policy` on `sms` SMs of `device` picks its kernels, before anything is built: (its
+    Ctx, where its tiles come from, the batch and SM count they were measured at where another's file
+    stands in (KernelPolicy.resolve), the tuning files whose tiles join its module). A file of another
+    SM count brings its rules and its module: the run is, kernel for kernel, one of that SM count."""
+    tiles, source, tile_batch, tile_sms = policy.resolve(weights.config, device, sms, precision, batch, quiet)
+    sms = tile_sms or sms
+    ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=tiles,
+              memo={} if memo is None else memo, tile_batch=tile_batch)
+    return ctx, source, tile_batch, tile_sms, policy.module_tiles(weights.config, sms, precision)

@@ -58,7 +58,7 @@ def test_targets_and_batches():
     assert (t87.arch, t87.sms, t72.sms) == (87, (4, 8), (6, 8)) and "Orin Nano 4GB" in t87.label
     assert aot.parse_targets(["90"], sms=[132])[0].sms == (132,)
     assert aot.parse_targets(["native"], native=lambda: (90, 132, "H100"))[0] == \
-        aot.Target(90, (132,), "sm_90 (native: H100, 132 SMs)")
+        aot.Target(90, (132,), "sm_90 (native: H100, 132 SMs)", "H100")
     with pytest.raises(UsageError, match="--sms"):
         aot.parse_targets(["90"])
     with pytest.raises(UsageError, match="87, sm_87, or native"):
@@ -134,6 +134,26 @@ def test_tuning_files_join_the_module_of_their_sm_count(tmp_path, monkeypatch):
             assert nv.calls == [] and be.compiled == [] and len(be.loads) == 1
 
 
+def test_a_board_that_runs_another_sm_counts_files_gets_that_module(tmp_path, monkeypatch):
+    """--prepare for the Orin Nanos plans the module each run loads: a 4-SM board's fp16 runs take the
+    Orin's 8-SM files (ops.tuning.find_tiles), so the 8-SM module, the one GpuExecutor asks for on a
+    4-SM GPU named Orin. Without the device named (tools.build_kernels' targets), the 4-SM module."""
+    monkeypatch.setattr(KernelSet, "_cache", {})
+    monkeypatch.setenv("JETSON_UNET_TILES", str(tmp_path))
+    w = W(TINY)
+    _tuned_tiles_file(w, tmp_path, "Orin", 8, "fp16", 2)
+    (t,) = aot.parse_targets(["87"])
+    (m,) = aot.plan_modules(w, t, "fp16", [1, 4])
+    assert t.device == "Orin" and m.sms == (4, 8)
+    be = FakeBackend(sms=4)
+    be.device_name = lambda: "Orin"
+    for batch in (1, 4):
+        ex = GpuExecutor(w, "fp16", batch=batch, backend=be)
+        assert ex.tile_sms == 8 and ex.kernels.source == m.source
+    assert [x.sms for x in aot.plan_modules(w, aot.Target(87, (4, 8), "sm_87"), "fp16", [1])] == [(4,), (8,)]
+    assert aot.parse_targets(["native"], native=lambda: (87, 4, "Orin"))[0].device == "Orin"
+
+
 def test_prepare_reports_compile_errors_in_one_line(tmp_path):
     def broken(src, name, options, arch):
         raise KernelCompileError(name, options, "warning: x\nseed-unet.cu(9): error: expected a ';'\n")
@@ -174,7 +194,8 @@ def test_real_module_compiles_with_nvcc_for_sm87(tmp_path, monkeypatch):
     comp = aot.pick_compiler("nvcc", nvcc=nvcc)
     cache = cubins.CubinCache(tmp_path)
     w = W(UNetConfig())
-    fails = aot.prepare(w, aot.parse_targets(["87"], sms=[8]), ["fp16"], [1], comp, cache, lines.append)
+    untuned = aot.Target(87, (8,), "sm_87")   # no device: not the Orin's shipped files
+    fails = aot.prepare(w, [untuned], ["fp16"], [1], comp, cache, lines.append)
     fails += aot.prepare(w, aot.parse_targets(["72"], sms=[8]), ["fp32"], [1], comp, cache, lines.append)
     sm72 = 72 in (compilers.nvcc_archs(nvcc) or (72,))
     assert fails == (0 if sm72 else 1), lines

@@ -19,7 +19,8 @@ from jetson_unet.build.cache import CubinCache
 from jetson_unet.build.loader import load_module
 from jetson_unet.build.sources import module_source, nvrtc_options
 from jetson_unet.errors import UsageError
-from jetson_unet.executor.executor import GpuExecutor, run_context
+from jetson_unet.executor.executor import GpuExecutor
+from jetson_unet.ops.policy import run_context
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import CAT, build_plan
 from jetson_unet.model.weights import load_weights

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from jetson_unet.bench.timing import bench_weights
-from jetson_unet.executor.executor import run_context
+from jetson_unet.ops.policy import run_context
 from jetson_unet.model.plan import build_plan
 from jetson_unet.ops.policy import BUILTIN, KernelPolicy
 from jetson_unet.ops.specs import module_keys
@@ -64,7 +64,7 @@ def policies(weights, device: str, sms: int, batch: int, files: List[Tuple[int, 
 
 
 def shared_keys(weights, sms: int, batch: int, calls: Dict[str, KernelPolicy], device: str) -> List:
-    """Every key of every variant's module (executor.run_context): one module text for all executors."""
+    """Every key of every variant's module (ops.policy.run_context): one module text for all executors."""
     plan = build_plan(weights.config)
     keys = set()
     for p in calls.values():
