@@ -47,11 +47,10 @@ from jetson_unet.bench.timing import bench_weights, per_op_times, timed
 from jetson_unet.cli import _Parser, _run, add_verbosity, number, set_verbosity
 from jetson_unet.files import atomic_open, check_writable, writing
 from jetson_unet.executor.executor import GpuExecutor
-from jetson_unet.ops.policy import run_context
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import build_plan
 from jetson_unet.ops.common import Ctx, TileChoice
-from jetson_unet.ops.policy import BUILTIN, KernelPolicy
+from jetson_unet.ops.policy import BUILTIN, KernelPolicy, run_context
 from jetson_unet.ops.specs import module_keys, op_key
 from jetson_unet.ops.tuning import (candidates, dump_tiles, file_name, find_tiles, k_segments, tiles_dirs, tunable,
                                     with_splits)

@@ -20,14 +20,13 @@ from jetson_unet.build.loader import load_module
 from jetson_unet.build.sources import module_source, nvrtc_options
 from jetson_unet.errors import UsageError
 from jetson_unet.executor.executor import GpuExecutor
-from jetson_unet.ops.policy import run_context
 from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import CAT, build_plan
 from jetson_unet.model.weights import load_weights
 from jetson_unet.ops.common import Ctx
 from jetson_unet.ops.keys import SimpleKey
 from jetson_unet.ops.specs import all_tile_keys, op_key
-from jetson_unet.ops.policy import KernelPolicy
+from jetson_unet.ops.policy import KernelPolicy, run_context
 from jetson_unet.ops.tuning import FILE_NAME, tile_files
 from jetson_unet.paths import shipped_cubins_dir, shipped_tiles_dir
 from jetson_unet.pipeline import default_weights_path

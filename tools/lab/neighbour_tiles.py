@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from jetson_unet.bench.timing import bench_weights
-from jetson_unet.ops.policy import run_context
 from jetson_unet.model.plan import build_plan
-from jetson_unet.ops.policy import BUILTIN, KernelPolicy
+from jetson_unet.ops.policy import BUILTIN, KernelPolicy, run_context
 from jetson_unet.ops.specs import module_keys
 from jetson_unet.ops.tuning import file_name, find_tiles, neighbour_load
 from jetson_unet.tune import build_shards, time_calls
