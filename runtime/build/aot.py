@@ -65,13 +65,20 @@ def module_keys(weights: Any, precision: str, batch: int, sms: int, tiles: Optio
     either way). With the device named, a run that takes its files of another SM count gets that
     count's module (ops.policy.run_context: an Orin Nano 4GB runs the 8-SM module); without, the
     module of `sms` itself."""
+    return run_keys(weights, precision, batch, sms, tiles, dirs, device)[0]
+
+
+def run_keys(weights: Any, precision: str, batch: int, sms: int, tiles: Optional[Mapping[str, Any]] = None,
+             dirs: Optional[Sequence[Any]] = None, device: Optional[str] = None) -> Tuple[List[Any], int]:
+    """(module_keys, the SM count whose rules and tuning files the run takes: `sms`, or the other count
+    whose files stand in)."""
     plan = build_plan(weights.config)
     if device is None or tiles:
         ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=dict(tiles or {}))
-        return specs.module_keys(ctx, tile_files(weights.config, sms, precision, dirs))
+        return specs.module_keys(ctx, tile_files(weights.config, sms, precision, dirs)), sms
     ctx, *_, tuned = run_context(weights, plan, precision, batch, device, sms, KernelPolicy(tile_dirs=dirs),
                                  quiet=True)
-    return specs.module_keys(ctx, tuned)
+    return specs.module_keys(ctx, tuned), ctx.sms
 
 
 def executor_batches(batches: Sequence[int]) -> List[int]:
@@ -155,28 +162,35 @@ def pip_compiler() -> Optional[Compiler]:
 
 @dataclass(frozen=True)
 class Module:
-    """One kernel module to build: its text and kernels, for an arch and precision, serving `sms`."""
+    """One kernel module to build: its text and kernels, for an arch and precision, serving `sms`, whose
+    runs take the rules and tuning files of `tile_sms` (other SM counts where another's files stand in)."""
     arch: int
     precision: str
     source: str
     symbols: Tuple[str, ...]
     sms: Tuple[int, ...]
+    tile_sms: Tuple[int, ...] = ()
 
     @property
     def label(self) -> str:
-        return f"sm_{self.arch} {self.precision} ({'/'.join(map(str, self.sms))} SMs, {len(self.symbols)} kernels)"
+        tiles = (f", the {'/'.join(map(str, self.tile_sms))}-SM tiles"
+                 if self.tile_sms and set(self.tile_sms) != set(self.sms) else "")
+        return (f"sm_{self.arch} {self.precision} ({'/'.join(map(str, self.sms))} SMs{tiles}, "
+                f"{len(self.symbols)} kernels)")
 
 
 def plan_modules(weights: Any, t: Target, precision: str, batches: Sequence[int]) -> List[Module]:
     """The distinct modules the executor asks for on target t at these batch sizes, in first-met order."""
-    modules: Dict[str, Tuple[List[str], List[int]]] = {}   # source -> (symbols, SM counts)
+    modules: Dict[str, Tuple[List[str], List[int], List[int]]] = {}   # source -> (symbols, SM counts, tiles')
     for sms in t.sms:
         for b in executor_batches(batches):
-            keys = module_keys(weights, precision, b, sms, device=t.device)
-            _, counts = modules.setdefault(module_source(keys), (sorted({k.symbol for k in keys}), []))
-            if sms not in counts:
-                counts.append(sms)
-    return [Module(t.arch, precision, src, tuple(syms), tuple(counts)) for src, (syms, counts) in modules.items()]
+            keys, tile_sms = run_keys(weights, precision, b, sms, device=t.device)
+            _, counts, tile_counts = modules.setdefault(module_source(keys), (sorted({k.symbol for k in keys}), [], []))
+            for seen, n in ((counts, sms), (tile_counts, tile_sms)):
+                if n not in seen:
+                    seen.append(n)
+    return [Module(t.arch, precision, src, tuple(syms), tuple(counts), tuple(tiles))
+            for src, (syms, counts, tiles) in modules.items()]
 
 
 def target_precisions(arch: int, precisions: Sequence[str], out: Out) -> List[str]:

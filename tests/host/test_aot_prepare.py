@@ -144,7 +144,8 @@ def test_a_board_that_runs_another_sm_counts_files_gets_that_module(tmp_path, mo
     _tuned_tiles_file(w, tmp_path, "Orin", 8, "fp16", 2)
     (t,) = aot.parse_targets(["87"])
     (m,) = aot.plan_modules(w, t, "fp16", [1, 4])
-    assert t.device == "Orin" and m.sms == (4, 8)
+    assert t.device == "Orin" and m.sms == (4, 8) and m.tile_sms == (8,)
+    assert m.label.startswith("sm_87 fp16 (4/8 SMs, the 8-SM tiles, ")
     be = FakeBackend(sms=4)
     be.device_name = lambda: "Orin"
     for batch in (1, 4):
