@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from jetson_unet.errors import KernelCompileError, UsageError
-from jetson_unet.model.arena import view_layout
 from jetson_unet.model.plan import build_plan
 from jetson_unet.build import nvrtc_lib
 from jetson_unet.build.compilers import (ArchUnsupported, Compiler, find_nvcc, nvcc_compiler, nvrtc_compiler,
@@ -34,10 +33,8 @@ from jetson_unet.build.compilers import (ArchUnsupported, Compiler, find_nvcc, n
 from jetson_unet.build.cache import CubinCache
 from jetson_unet.build.loader import shipped_cache
 from jetson_unet.build.sources import MIN_TC_ARCH, module_source, nvrtc_options
-from jetson_unet.ops.common import Ctx
 from jetson_unet.ops import specs
-from jetson_unet.ops.policy import KernelPolicy, run_context
-from jetson_unet.ops.tuning import tile_files
+from jetson_unet.ops.policy import BUILTIN, KernelPolicy, run_context
 
 COMPILERS = ("auto", "nvrtc", "nvcc")
 # SM counts of the boards of an arch (CUDA cores / 128 on Ampere, / 64 on Volta).
@@ -72,11 +69,9 @@ def run_keys(weights: Any, precision: str, batch: int, sms: int, tiles: Optional
              dirs: Optional[Sequence[Any]] = None, device: Optional[str] = None) -> Tuple[List[Any], int]:
     """(module_keys, the SM count whose rules and tuning files the run takes: `sms`, or the other count
     whose files stand in)."""
-    plan = build_plan(weights.config)
-    if device is None or tiles:
-        ctx = Ctx(plan, weights.params, precision, batch, sms, view_layout(plan), tiles=dict(tiles or {}))
-        return specs.module_keys(ctx, tile_files(weights.config, sms, precision, dirs)), sms
-    ctx, *_, tuned = run_context(weights, plan, precision, batch, device, sms, KernelPolicy(tile_dirs=dirs),
+    # without a device no file is looked for: the given tiles, else the built-in ones
+    policy = KernelPolicy(tiles=dict(tiles) if tiles else (None if device else BUILTIN), tile_dirs=dirs)
+    ctx, *_, tuned = run_context(weights, build_plan(weights.config), precision, batch, device or "", sms, policy,
                                  quiet=True)
     return specs.module_keys(ctx, tuned), ctx.sms
 

@@ -25,6 +25,7 @@ from jetson_unet.build import cache as cubins
 from jetson_unet.executor.executor import GpuExecutor
 from jetson_unet.build.loader import KernelSet
 from jetson_unet.build.sources import module_source
+from jetson_unet.ops import policy
 from jetson_unet.ops.policy import KernelPolicy
 from jetson_unet.model.weights import random_params
 
@@ -190,7 +191,7 @@ def test_real_module_compiles_with_nvcc_for_sm87(tmp_path, monkeypatch):
     nvcc = compilers.find_nvcc()
     if nvcc is None:
         pytest.skip("no nvcc")
-    monkeypatch.setattr(aot, "tile_files", lambda *a, **k: [])
+    monkeypatch.setattr(policy, "tile_files", lambda *a, **k: [])
     lines = []
     comp = aot.pick_compiler("nvcc", nvcc=nvcc)
     cache = cubins.CubinCache(tmp_path)
